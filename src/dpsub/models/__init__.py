@@ -1,0 +1,72 @@
+"""Model zoo for ``dpsub``.
+
+All models are free of BatchNorm and in-place operations, so per-example gradients can
+be computed with ``torch.func.vmap(grad(functional_call(model, params, x.unsqueeze(0))))``.
+
+Registry (``MODELS``), each entry called as ``ctor(in_shape, num_classes, **kwargs)``:
+
+* ``"mnist_cnn"`` -- :class:`~dpsub.models.mnist_cnn.MnistCNN`, the PDP-SGD / Opacus
+  MNIST CNN (26,010 params on 1x28x28).  kwargs: ``norm`` ("none" | "group"), ``gn_groups``.
+* ``"lenet"`` -- :class:`~dpsub.models.lenet.LeNet`, LeNet-5 style.  kwargs: ``norm``, ``gn_groups``.
+* ``"resnet20"`` -- :func:`~dpsub.models.resnet.resnet20`, GEP's GroupNorm ResNet-20
+  (268,346 params on CIFAR-10).  kwargs: ``gn_groups`` (default 4).
+* ``"wrn"`` -- :func:`~dpsub.models.wrn.wrn`, RGP's pre-activation GroupNorm WRN.
+  kwargs: ``depth`` (28), ``width`` (4), ``gn_groups`` (32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from .lenet import LeNet
+from .mnist_cnn import MnistCNN
+from .resnet import ResNetGN, resnet20
+from .wrn import WideResNetGN, wrn
+
+__all__ = [
+    "MODELS",
+    "LeNet",
+    "MnistCNN",
+    "ResNetGN",
+    "WideResNetGN",
+    "build_model",
+    "count_parameters",
+    "resnet20",
+    "wrn",
+]
+
+
+def _build_wrn(in_shape: tuple[int, int, int], num_classes: int, **kwargs) -> WideResNetGN:
+    return wrn(num_classes=num_classes, in_channels=in_shape[0], **kwargs)
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "mnist_cnn": MnistCNN,
+    "lenet": LeNet,
+    "resnet20": resnet20,
+    "wrn": _build_wrn,
+}
+
+
+def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int, **kwargs) -> nn.Module:
+    """Instantiate the registered model ``name`` for inputs of shape ``in_shape = (C, H, W)``.
+
+    Extra ``kwargs`` are forwarded to the model constructor.
+
+    Raises:
+        ValueError: if ``name`` is not registered (the message lists the valid names)
+            or ``in_shape`` is not a 3-tuple.
+    """
+    if name not in MODELS:
+        raise ValueError(f"Unknown model {name!r}; valid names are: {', '.join(sorted(MODELS))}")
+    in_shape = tuple(int(s) for s in in_shape)
+    if len(in_shape) != 3:
+        raise ValueError(f"in_shape must be (C, H, W), got {in_shape}")
+    return MODELS[name](in_shape, num_classes, **kwargs)
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
+    """Number of (trainable, by default) parameter scalars in ``model``."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
