@@ -1,0 +1,289 @@
+"""Tests of dpsub.data: real MNIST/Fashion-MNIST/CIFAR-10-subset from the shared data
+folder (skipped when absent), offline digits/synthetic, and tiny fake CIFAR-10/SVHN
+copies written in the real torchvision file formats."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+
+from dpsub.data import LOADERS, DatasetBundle, DatasetNotFoundError, load_dataset
+
+
+def _shared_data_root() -> Path:
+    env = os.environ.get("DPSUB_DATA")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+SHARED = _shared_data_root()
+
+
+def _require(*parts: str) -> Path:
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} not found (set DPSUB_DATA to the shared data folder)")
+    return SHARED
+
+
+# ------------------------------------------------------------------ offline data
+
+
+@pytest.fixture(scope="module")
+def digits() -> DatasetBundle:
+    return load_dataset("digits", root="unused")
+
+
+def test_digits_shapes_split_and_normalization(digits: DatasetBundle) -> None:
+    assert digits.train_x.shape == (1437, 1, 28, 28)
+    assert digits.test_x.shape == (360, 1, 28, 28)
+    assert digits.in_shape == (1, 28, 28)
+    assert digits.train_x.dtype == torch.float32 and digits.train_y.dtype == torch.int64
+    assert digits.num_classes == 10 and digits.classes == [str(i) for i in range(10)]
+    assert abs(digits.train_x.mean().item()) < 1e-4
+    assert abs(digits.train_x.std().item() - 1.0) < 1e-3
+    # stratified split: every class in both splits, in roughly 80/20 proportion
+    tr, te = torch.bincount(digits.train_y), torch.bincount(digits.test_y)
+    assert (te > 0).all() and ((tr.float() / (tr + te).float() - 0.8).abs() < 0.02).all()
+    assert digits.train_x.device.type == "cpu"
+    assert "digits" in digits.describe() and "1437" in digits.describe()
+
+
+def test_digits_split_independent_of_seed_and_resizable(digits: DatasetBundle) -> None:
+    other = load_dataset("digits", root="unused", seed=123, image_size=16)
+    assert torch.equal(other.train_y, digits.train_y)
+    assert other.in_shape == (1, 16, 16)
+
+
+def test_balanced_train_size(digits: DatasetBundle) -> None:
+    sub = load_dataset("digits", root="unused", train_size=500, seed=1)
+    assert len(sub.train_y) == 500
+    assert torch.bincount(sub.train_y).tolist() == [50] * 10
+    # test set and normalization are untouched by subsetting
+    assert torch.equal(sub.test_x, digits.test_x) and sub.mean == digits.mean
+    again = load_dataset("digits", root="unused", train_size=500, seed=1)
+    assert torch.equal(again.train_x, sub.train_x)
+    other = load_dataset("digits", root="unused", train_size=500, seed=2)
+    assert not torch.equal(other.train_x, sub.train_x)
+    odd = load_dataset("digits", root="unused", train_size=103)
+    assert sorted(torch.bincount(odd.train_y).tolist()) == [10] * 7 + [11] * 3
+
+
+def test_unbalanced_train_size() -> None:
+    sub = load_dataset("digits", root="unused", train_size=77, balanced=False, seed=3)
+    assert len(sub.train_y) == 77 and len(torch.unique(sub.train_y)) > 1
+
+
+def test_train_size_too_large() -> None:
+    with pytest.raises(ValueError, match="dataset.train_size"):
+        load_dataset("digits", root="unused", train_size=100_000)
+
+
+def test_unknown_dataset_name() -> None:
+    with pytest.raises(ValueError, match="dataset.name") as err:
+        load_dataset("imagenet", root="unused")
+    for name in LOADERS:
+        assert name in str(err.value)
+
+
+def test_synthetic_deterministic_and_configurable() -> None:
+    cfg = {"n_train": 200, "n_test": 50, "channels": 3, "size": 16, "num_classes": 4}
+    a = load_dataset("synthetic", root="unused", synthetic=cfg)
+    b = load_dataset("synthetic", root="unused", synthetic=cfg)
+    c = load_dataset("synthetic", root="unused", synthetic={**cfg, "seed": 1})
+    assert a.train_x.shape == (200, 3, 16, 16) and a.test_x.shape == (50, 3, 16, 16)
+    assert a.num_classes == 4 and set(a.train_y.tolist()) == {0, 1, 2, 3}
+    assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_y, b.test_y)
+    assert not torch.equal(a.train_x, c.train_x)
+    with pytest.raises(ValueError, match="synthetic"):
+        load_dataset("synthetic", root="unused", synthetic={"n_trian": 10})
+
+
+def test_synthetic_is_learnable() -> None:
+    """Nearest class mean (from train) classifies the test set well above chance."""
+    d = load_dataset("synthetic", root="unused")
+    means = torch.stack([d.train_x[d.train_y == k].mean(0) for k in range(d.num_classes)])
+    dist = torch.cdist(d.test_x.flatten(1), means.flatten(1))
+    acc = (dist.argmin(1) == d.test_y).float().mean().item()
+    assert acc > 0.5
+
+
+def test_bundle_to_device(digits: DatasetBundle) -> None:
+    moved = digits.to("cpu")
+    assert moved.name == digits.name and torch.equal(moved.test_y, digits.test_y)
+    if torch.cuda.is_available():
+        assert digits.to("cuda").train_x.is_cuda
+
+
+def test_use_extra_only_for_svhn() -> None:
+    with pytest.raises(ValueError, match="use_extra"):
+        load_dataset("digits", root="unused", use_extra=True)
+
+
+# ------------------------------------------------------------- shared real data
+
+
+def test_mnist() -> None:
+    root = _require("MNIST", "raw")
+    d = load_dataset("mnist", root=root)
+    assert d.train_x.shape == (60000, 1, 28, 28) and d.test_x.shape == (10000, 1, 28, 28)
+    assert torch.bincount(d.train_y)[0].item() == 5923
+    assert torch.bincount(d.test_y)[1].item() == 1135
+    assert d.mean == (0.1307,) and d.std == (0.3081,)
+    assert abs(d.train_x.mean().item()) < 0.01 and abs(d.train_x.std().item() - 1) < 0.01
+    resized = load_dataset("mnist", root=root, image_size=32, train_size=1000)
+    assert resized.in_shape == (1, 32, 32) and len(resized.train_y) == 1000
+    assert torch.bincount(resized.train_y).tolist() == [100] * 10
+
+
+def test_fashion_mnist() -> None:
+    root = _require("FashionMNIST", "raw")
+    d = load_dataset("fashion_mnist", root=root)
+    assert d.train_x.shape == (60000, 1, 28, 28) and d.test_x.shape == (10000, 1, 28, 28)
+    assert torch.bincount(d.train_y).tolist() == [6000] * 10
+    assert torch.bincount(d.test_y).tolist() == [1000] * 10
+    assert d.classes is not None and d.classes[0] == "T-shirt/top"
+    assert d.mean == (0.2860,) and d.std == (0.3530,)
+
+
+def test_mnist_does_not_write_to_root() -> None:
+    root = _require("MNIST", "raw")
+    before = sorted(p.name for p in (root / "MNIST" / "raw").iterdir())
+    load_dataset("mnist", root=root, train_size=10)
+    assert sorted(p.name for p in (root / "MNIST" / "raw").iterdir()) == before
+
+
+def test_cifar10_subset() -> None:
+    root = _require("cifar10_subset", "cifar10_prefix_subset.npz")
+    d = load_dataset("cifar10_subset", root=root)
+    assert d.train_x.shape == (5085, 3, 32, 32) and d.test_x.shape == (1017, 3, 32, 32)
+    assert d.num_classes == 10 and d.classes is not None and d.classes[0] == "airplane"
+    assert d.mean == (0.4914, 0.4822, 0.4465)
+    assert set(d.test_y.tolist()) == set(range(10))
+
+
+# ------------------------------------------------------------ missing / download
+
+
+@pytest.mark.parametrize(
+    ("name", "filename"),
+    [
+        ("cifar10", "data_batch_1"),
+        ("svhn", "train_32x32.mat"),
+        ("mnist", "train-images-idx3-ubyte.gz"),
+        ("fashion_mnist", "t10k-labels-idx1-ubyte.gz"),
+        ("cifar10_subset", "cifar10_prefix_subset.npz"),
+    ],
+)
+def test_missing_files_raise(tmp_path: Path, name: str, filename: str) -> None:
+    with pytest.raises(DatasetNotFoundError) as err:
+        load_dataset(name, root=tmp_path)
+    msg = str(err.value)
+    assert filename in msg and str(tmp_path) in msg and "data.root" in msg
+    assert isinstance(err.value, FileNotFoundError)
+
+
+def test_svhn_missing_extra_only(tmp_path: Path) -> None:
+    _write_fake_svhn(tmp_path / "svhn", {"train": 6, "test": 4})
+    load_dataset("svhn", root=tmp_path)  # fine without extra
+    with pytest.raises(DatasetNotFoundError, match="extra_32x32.mat") as err:
+        load_dataset("svhn", root=tmp_path, use_extra=True)
+    assert "train_32x32.mat" not in str(err.value).split("(searched")[0]
+
+
+def test_download_failure_becomes_dataset_not_found(tmp_path, monkeypatch) -> None:
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(
+        torchvision.datasets, "CIFAR10", _patched(torchvision.datasets.CIFAR10, offline)
+    )
+    with pytest.raises(DatasetNotFoundError, match="failed") as err:
+        load_dataset("cifar10", root=tmp_path, download=True)
+    assert "cifar-10-batches-py" in str(err.value)
+    assert isinstance(err.value.__cause__, urllib.error.URLError)
+
+
+def _patched(cls, init):
+    """A subclass of a torchvision dataset whose constructor is ``init``."""
+    return type(cls.__name__, (cls,), {"__init__": init})
+
+
+# ------------------------------------------------------ fake CIFAR-10 and SVHN
+
+
+def _write_fake_cifar10(root: Path, per_batch: int = 20, n_test: int = 10) -> None:
+    d = root / "cifar-10-batches-py"
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        n = n_test if name == "test_batch" else per_batch
+        batch = {
+            "batch_label": name,
+            "labels": [int(v) for v in rng.integers(0, 10, n)],
+            "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+            "filenames": [f"img{i}.png" for i in range(n)],
+        }
+        with open(d / name, "wb") as f:
+            pickle.dump(batch, f)
+    meta = {"num_cases_per_batch": per_batch, "num_vis": 3072, "label_names": [
+        "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+    ]}  # fmt: skip
+    with open(d / "batches.meta", "wb") as f:
+        pickle.dump(meta, f)
+
+
+def test_cifar10_fake_matches_torchvision(tmp_path: Path, monkeypatch) -> None:
+    _write_fake_cifar10(tmp_path)
+    d = load_dataset("cifar10", root=tmp_path)
+    assert d.train_x.shape == (100, 3, 32, 32) and d.test_x.shape == (10, 3, 32, 32)
+    assert d.classes is not None and d.classes[-1] == "truck"
+    # Same images/labels as torchvision's CIFAR10 (its md5 check bypassed for fakes).
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *a, **k: True)
+    tv = torchvision.datasets.CIFAR10(str(tmp_path), train=True)
+    ref = torch.from_numpy(tv.data).permute(0, 3, 1, 2).float() / 255  # NHWC -> NCHW
+    mean = torch.tensor(d.mean).view(1, 3, 1, 1)
+    std = torch.tensor(d.std).view(1, 3, 1, 1)
+    torch.testing.assert_close(d.train_x, (ref - mean) / std)
+    assert d.train_y.tolist() == list(tv.targets)
+    sub = load_dataset("cifar10", root=tmp_path, image_size=16, train_size=10, balanced=False)
+    assert sub.in_shape == (3, 16, 16) and len(sub.train_y) == 10
+
+
+def _write_fake_svhn(directory: Path, sizes: dict[str, int]) -> None:
+    from scipy.io import savemat
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    for split, n in sizes.items():
+        x = rng.integers(0, 256, (32, 32, 3, n), dtype=np.uint8)
+        y = (np.arange(n) % 10 + 1).astype(np.uint8).reshape(n, 1)  # labels 1..10, 10 = "0"
+        savemat(str(directory / f"{split}_32x32.mat"), {"X": x, "y": y})
+
+
+@pytest.mark.parametrize("subdir", ["svhn", ""])
+def test_svhn_fake_matches_torchvision(tmp_path: Path, monkeypatch, subdir: str) -> None:
+    directory = tmp_path / subdir if subdir else tmp_path
+    _write_fake_svhn(directory, {"train": 20, "test": 10, "extra": 30})
+    d = load_dataset("svhn", root=tmp_path)
+    assert d.train_x.shape == (20, 3, 32, 32) and d.test_x.shape == (10, 3, 32, 32)
+    assert d.train_y.min().item() == 0 and d.train_y.max().item() == 9  # 10 -> 0
+    assert d.train_y[9].item() == 0 and d.train_y[0].item() == 1
+    monkeypatch.setattr(torchvision.datasets.SVHN, "_check_integrity", lambda self: True)
+    tv = torchvision.datasets.SVHN(str(directory), split="train")
+    ref = torch.from_numpy(tv.data).float() / 255  # torchvision: (N, 3, 32, 32)
+    mean = torch.tensor(d.mean).view(1, 3, 1, 1)
+    std = torch.tensor(d.std).view(1, 3, 1, 1)
+    torch.testing.assert_close(d.train_x, (ref - mean) / std)
+    assert d.train_y.tolist() == tv.labels.tolist()
+    extra = load_dataset("svhn", root=tmp_path, use_extra=True)
+    assert len(extra.train_y) == 50 and len(extra.test_y) == 10
