@@ -1,20 +1,79 @@
 """Auxiliary (public or non-sensitive) data for subspace methods.
 
-``aux=none`` returns no auxiliary data and leaves the private data unchanged.
+GEP computes its gradient subspace from the per-example gradients of m auxiliary
+samples ("anchor" gradients); PDP-SGD from the gradients of a small public set.
+:func:`build_aux` turns the ``aux`` config group into an :class:`AuxData` of m
+examples in the private data's shape and normalization:
+
+========================  ==========================================================  ======
+source                    samples                                                     labels
+========================  ==========================================================  ======
+``none``                  no auxiliary data (the default)                             -
+``natural``               natural images from an npz file of RGB uint8 images (key    no
+                          ``images``, (n, H, W, 3)); default
+                          ``<data.root>/aux/tinyimagenet_val_32x32.npz``, the
+                          stand-in for GEP's 2000 downsampled ImageNet images
+``cifar100``              CIFAR-100 training images (torchvision's python pickle,     yes
+                          ``<data.root>/cifar-100-python/train``)
+``heldout_test``          m examples of the private dataset's *test* split, removed   yes
+                          from the returned test set
+``public_train``          m examples of the private dataset's *train* split,          yes
+                          removed from the private training set (PDP-SGD: m = 100)
+``gaussian``              N(0, 1) noise images in the private shape (sanity baseline)  no
+========================  ==========================================================  ======
+
 Sources that take their samples from the private dataset's splits remove them
 from the private set or from the evaluation set, so an auxiliary example is never
 trained on privately nor evaluated on.
+
+Image conversion (natural, cifar100): RGB -> grayscale with the ITU-R 601 luma
+weights (0.299, 0.587, 0.114) when the private data has one channel (grayscale is
+repeated to three channels when it has three), bilinear resize (antialiased) to the
+private H x W, scaling to [0, 1] and normalization with the private data's
+per-channel ``mean`` / ``std``.
+
+Labels (``aux.labels``, see :data:`LABEL_MODES`): ``random_per_step`` redraws random
+labels in [0, num_classes) at every use (GEP paper), ``random_once`` draws them once,
+deterministically from the seed (GEP's official code), ``true`` uses the source's own
+labels (heldout_test, public_train, and cifar100 when the private data has 100 classes).
+
+Selection of the m examples is random without replacement and deterministic in
+``aux.seed`` (default: the run seed); heldout_test and public_train select
+class-balanced subsets (as balanced as the class counts allow).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
-from dpsub.data.datasets import DatasetBundle
+from dpsub.data.datasets import DatasetBundle, DatasetNotFoundError
+
+__all__ = [
+    "AUX_DEFAULTS",
+    "AUX_SOURCES",
+    "LABEL_MODES",
+    "AuxData",
+    "build_aux",
+    "check_aux_config",
+    "convert_images",
+]
 
 LABEL_MODES = ("random_per_step", "random_once", "true")
+
+NATURAL_DEFAULT_FILE = "aux/tinyimagenet_val_32x32.npz"  # relative to data.root
+# torchvision.datasets.CIFAR100's layout (not imported unless downloading: it is slow)
+CIFAR100_FOLDER = "cifar-100-python"
+CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
+LUMA_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R BT.601
 
 
 @dataclass
@@ -33,8 +92,14 @@ class AuxData:
 
     def to(self, device) -> AuxData:
         mv = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return AuxData(mv(self.x), mv(self.y), self.num_classes, self.source, self.labels,
-                       mv(self.fixed_labels))
+        return AuxData(
+            mv(self.x),
+            mv(self.y),
+            self.num_classes,
+            self.source,
+            self.labels,
+            mv(self.fixed_labels),
+        )
 
     def batch_labels(self, generator: torch.Generator) -> torch.Tensor:
         """Labels for one use of the anchor set: fresh random (paper), fixed random
@@ -49,10 +114,388 @@ class AuxData:
             0, self.num_classes, (len(self),), generator=generator, device=self.x.device
         )
 
+    def describe(self) -> str:
+        c, h, w = self.x.shape[1:]
+        return f"aux {self.source}: {len(self)} examples, shape {c}x{h}x{w}, labels {self.labels}"
+
+
+# ------------------------------------------------------------------ options
+
+_COMMON = {"num_samples": 2000, "labels": "random_per_step", "seed": None}
+
+#: Every option of every source with its default (``name`` aside). ``path: None``
+#: means ``<data.root>/aux/tinyimagenet_val_32x32.npz``.
+AUX_DEFAULTS: dict[str, dict[str, Any]] = {
+    "natural": {**_COMMON, "path": None},
+    "cifar100": {**_COMMON, "download": False},
+    "heldout_test": dict(_COMMON),
+    "public_train": {**_COMMON, "num_samples": 100, "labels": "true"},  # PDP-SGD
+    "gaussian": dict(_COMMON),
+}
+
+#: Whether a source has true labels (``aux.labels=true``).
+_HAS_LABELS = {
+    "natural": False,
+    "cifar100": True,
+    "heldout_test": True,
+    "public_train": True,
+    "gaussian": False,
+}
+#: Number of classes of a source's own labels, where it is not the private data's.
+_SOURCE_CLASSES = {"cifar100": 100}
+
+
+def _config_error(msg: str) -> ValueError:
+    from dpsub.config import ConfigError
+
+    return ConfigError(msg)
+
+
+def _as_dict(options: Any) -> dict[str, Any]:
+    """A plain dict from a dict or an OmegaConf node (interpolations resolved)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if options is None:
+        return {"name": "none"}
+    if isinstance(options, DictConfig):
+        return dict(OmegaConf.to_container(options, resolve=True))
+    if isinstance(options, Mapping):
+        return dict(options)
+    raise TypeError(f"aux config must be a mapping, got {type(options).__name__}")
+
+
+def _label_mode(value: Any) -> Any:
+    """YAML and Hydra turn ``labels: true`` into the boolean True: map it back."""
+    if value is True:
+        return "true"
+    return value
+
+
+def check_aux_config(options: Mapping[str, Any]) -> None:
+    """Validate the options of the ``aux`` group; raise ``ConfigError`` naming the key.
+
+    Checks the source name, unknown options, ``num_samples``, ``labels`` (``true``
+    only for sources with labels), ``seed`` and the source-specific options. Checks
+    that need the data (sizes, class counts) happen in :func:`build_aux`.
+    """
+    opts = _as_dict(options)
+    name = opts.get("name", "none")
+    if name == "none":
+        extra = sorted(k for k in opts if k != "name")
+        if extra:
+            raise _config_error(
+                f"aux.{extra[0]}: unknown option for aux source none; valid options: ['name']"
+            )
+        return
+    if name not in AUX_SOURCES:
+        raise _config_error(
+            f"aux.name: unknown auxiliary data source {name!r}; "
+            f"choose from {['none', *AUX_SOURCES]}"
+        )
+    valid = ["name", *AUX_DEFAULTS[name]]
+    for key in opts:
+        if key not in valid:
+            raise _config_error(
+                f"aux.{key}: unknown option for aux source {name}; valid options: {sorted(valid)}"
+            )
+    o = {**AUX_DEFAULTS[name], **opts}
+
+    m = o["num_samples"]
+    if isinstance(m, bool) or not isinstance(m, int):
+        raise _config_error(f"aux.num_samples: must be an integer >= 1, got {m!r}")
+    if m < 1:
+        raise _config_error(f"aux.num_samples: must be >= 1, got {m!r}")
+
+    labels = _label_mode(o["labels"])
+    if labels not in LABEL_MODES:
+        raise _config_error(f"aux.labels: must be one of {LABEL_MODES}, got {o['labels']!r}")
+    if labels == "true" and not _HAS_LABELS[name]:
+        raise _config_error(
+            f"aux.labels: 'true' needs labels, but aux source {name} has none; "
+            "use random_per_step (GEP paper) or random_once (GEP code)"
+        )
+
+    seed = o["seed"]
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise _config_error(f"aux.seed: must be an integer or null, got {seed!r}")
+
+    if name == "natural":
+        path = o["path"]
+        if path is not None and (not isinstance(path, (str, Path)) or not str(path)):
+            raise _config_error(f"aux.path: must be a file path or null, got {path!r}")
+    if name == "cifar100" and not isinstance(o["download"], bool):
+        raise _config_error(f"aux.download: must be true or false, got {o['download']!r}")
+
+
+# ------------------------------------------------------------ conversion
+
+
+def convert_images(
+    images: torch.Tensor,
+    in_shape: tuple[int, int, int],
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+) -> torch.Tensor:
+    """Images (n, C, H, W), uint8 in [0, 255] or float in [0, 1], to the private
+    data's ``in_shape`` and normalization: float32 (n, *in_shape)."""
+    c, h, w = in_shape
+    x = images.float().div(255.0) if images.dtype == torch.uint8 else images.float()
+    if x.ndim != 4:
+        raise ValueError(f"expected images of shape (n, C, H, W), got {tuple(x.shape)}")
+    src_c = x.shape[1]
+    if src_c != c:
+        if src_c == 3 and c == 1:
+            wts = torch.tensor(LUMA_WEIGHTS, dtype=x.dtype).view(1, 3, 1, 1)
+            x = (x * wts).sum(dim=1, keepdim=True)
+        elif src_c == 1:
+            x = x.expand(-1, c, -1, -1)
+        else:
+            raise ValueError(f"cannot convert {src_c}-channel images to {c} channels")
+    if tuple(x.shape[-2:]) != (h, w):
+        x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False, antialias=True)
+    shape = (1, len(mean), 1, 1)
+    mean_t = torch.tensor(mean, dtype=x.dtype).view(shape)
+    std_t = torch.tensor(std, dtype=x.dtype).view(shape)
+    return ((x - mean_t) / std_t).contiguous()
+
+
+# ------------------------------------------------------------- selection
+
+
+def _generator(seed: int, stream: int) -> torch.Generator:
+    """Independent, deterministic generators per (seed, stream)."""
+    state = np.random.SeedSequence([int(seed) % 2**64, stream]).generate_state(2, np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+_SELECT, _LABELS = 0, 1  # streams: selection (and gaussian noise), random_once labels
+
+
+def _check_count(m: int, available: int, what: str) -> None:
+    if m > available:
+        raise _config_error(
+            f"aux.num_samples: {m} exceeds the {available} examples available in {what}; "
+            "lower aux.num_samples"
+        )
+
+
+def _random_pick(n: int, m: int, g: torch.Generator) -> torch.Tensor:
+    return torch.randperm(n, generator=g)[:m].sort().values
+
+
+def _balanced_pick(y: torch.Tensor, m: int, num_classes: int, g: torch.Generator) -> torch.Tensor:
+    """m indices, ``m // num_classes`` per class (the remainder to random classes);
+    a class with too few examples gives all it has and the rest is drawn at random
+    from the other examples. Sorted, deterministic in ``g``."""
+    perm = torch.randperm(len(y), generator=g)
+    y_perm = y[perm]
+    base, extra = divmod(m, num_classes)
+    bonus = set(torch.randperm(num_classes, generator=g)[:extra].tolist())
+    picked, rest = [], []
+    for cls in range(num_classes):
+        members = perm[y_perm == cls]
+        want = base + (1 if cls in bonus else 0)
+        picked.append(members[:want])
+        rest.append(members[want:])
+    rest.append(perm[(y_perm < 0) | (y_perm >= num_classes)])
+    short = m - sum(len(p) for p in picked)
+    if short > 0:
+        pool = torch.cat(rest)
+        picked.append(pool[torch.randperm(len(pool), generator=g)[:short]])
+    return torch.cat(picked).sort().values
+
+
+def _complement(n: int, idx: torch.Tensor) -> torch.Tensor:
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[idx] = False
+    return keep
+
+
+# --------------------------------------------------------------- sources
+# Each loader returns (x, y, data): the aux images in the private shape and
+# normalization, their true labels (or None) and the (possibly reduced) data.
+
+_Sample = tuple[torch.Tensor, "torch.Tensor | None", DatasetBundle]
+
+
+def _resolve_path(path: str | Path | None, root: Path) -> Path:
+    if path is None:
+        return root / NATURAL_DEFAULT_FILE
+    text = str(path)
+    if "${data.root}" in text:  # an unresolved interpolation from a plain dict
+        text = text.replace("${data.root}", str(root))
+    return Path(text).expanduser()
+
+
+def _load_natural(
+    data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path,
+    path: str | Path | None = None,
+) -> _Sample:  # fmt: skip
+    file = _resolve_path(path, root)
+    if not file.is_file():
+        raise DatasetNotFoundError(
+            f"Auxiliary natural images not found: {file} (set by aux.path; default "
+            f"<data.root>/{NATURAL_DEFAULT_FILE}). Expected an .npz with key 'images': "
+            "uint8 RGB images of shape (n, H, W, 3), e.g. downsampled ImageNet (ImageNet32) "
+            "images; point aux.path at such a file, or set data.root to the folder that holds "
+            f"{NATURAL_DEFAULT_FILE}."
+        )
+    with np.load(file) as npz:
+        if "images" not in npz.files:
+            raise ValueError(f"{file} (aux.path) has no 'images' array; keys: {npz.files}")
+        images = npz["images"]
+    if images.ndim == 3:
+        images = images[..., None]
+    if images.ndim != 4 or images.shape[-1] not in (1, 3):
+        raise ValueError(
+            f"{file} (aux.path): 'images' must have shape (n, H, W, 3) or (n, H, W), "
+            f"got {images.shape}"
+        )
+    _check_count(num_samples, len(images), str(file))
+    idx = _random_pick(len(images), num_samples, generator).numpy()
+    x = torch.from_numpy(np.ascontiguousarray(images[idx])).permute(0, 3, 1, 2)
+    return convert_images(x, data.in_shape, data.mean, data.std), None, data
+
+
+def _unpickle(path: Path) -> dict:
+    with open(path, "rb") as f:
+        return pickle.load(f, encoding="latin1")
+
+
+def _get(d: dict, key: str):
+    return d[key] if key in d else d[key.encode()]
+
+
+def _load_cifar100(
+    data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path,
+    download: bool = False,
+) -> _Sample:  # fmt: skip
+    directory = root / CIFAR100_FOLDER
+    train_file = "train"
+
+    def fetch() -> None:
+        import torchvision  # only to download (verifies the archive's md5)
+
+        torchvision.datasets.CIFAR100(str(root), train=True, download=True)
+
+    file = directory / train_file
+    if not file.is_file() and download:
+        try:
+            fetch()
+        except Exception as e:  # any failure (network, checksum, disk) means "no data"
+            raise DatasetNotFoundError(
+                f"Downloading CIFAR-100 (aux.name=cifar100, aux.download=true) into {root} "
+                f"failed ({type(e).__name__}: {e}). Download {CIFAR100_URL} by hand and "
+                f"extract it so that {file} exists, then set aux.download=false."
+            ) from e
+    if not file.is_file():
+        raise DatasetNotFoundError(
+            f"Auxiliary dataset CIFAR-100 (aux.name=cifar100) not found: missing {file} "
+            f"(torchvision's layout {CIFAR100_FOLDER}/{train_file} under data.root={root}). "
+            f"It comes from torchvision.datasets.CIFAR100 ({CIFAR100_URL}, extracted). Set "
+            "data.root to the folder that holds it, or aux.download=true on a machine with "
+            "internet access."
+        )
+    batch = _unpickle(directory / train_file)
+    images = np.asarray(_get(batch, "data"), dtype=np.uint8).reshape(-1, 3, 32, 32)
+    labels = np.asarray(_get(batch, "fine_labels"), dtype=np.int64)
+    _check_count(num_samples, len(images), f"CIFAR-100 train ({directory / train_file})")
+    idx = _random_pick(len(images), num_samples, generator).numpy()
+    x = convert_images(torch.from_numpy(images[idx]), data.in_shape, data.mean, data.std)
+    return x, torch.from_numpy(labels[idx]), data
+
+
+def _load_heldout_test(
+    data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path
+) -> _Sample:
+    n = len(data.test_y)
+    _check_count(num_samples, n - 1, f"the test split of {data.name} (leaving >= 1 to evaluate on)")
+    idx = _balanced_pick(data.test_y, num_samples, data.num_classes, generator)
+    keep = _complement(n, idx)
+    x, y = data.test_x[idx].clone(), data.test_y[idx].clone()
+    rest = dataclasses.replace(data, test_x=data.test_x[keep], test_y=data.test_y[keep])
+    return x, y, rest
+
+
+def _load_public_train(
+    data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path
+) -> _Sample:
+    n = len(data.train_y)
+    _check_count(
+        num_samples, n - 1, f"the train split of {data.name} (leaving >= 1 private example)"
+    )
+    idx = _balanced_pick(data.train_y, num_samples, data.num_classes, generator)
+    keep = _complement(n, idx)
+    x, y = data.train_x[idx].clone(), data.train_y[idx].clone()
+    rest = dataclasses.replace(data, train_x=data.train_x[keep], train_y=data.train_y[keep])
+    return x, y, rest
+
+
+def _load_gaussian(
+    data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path
+) -> _Sample:
+    x = torch.randn((num_samples, *data.in_shape), generator=generator)
+    return x, None, data
+
+
+#: The loader of each auxiliary data source (``none`` aside), called as
+#: ``loader(data, num_samples, generator, root, **source_options)``.
+AUX_SOURCES: dict[str, Callable[..., _Sample]] = {
+    "natural": _load_natural,
+    "cifar100": _load_cifar100,
+    "heldout_test": _load_heldout_test,
+    "public_train": _load_public_train,
+    "gaussian": _load_gaussian,
+}
+
+
+# ------------------------------------------------------------------ entry
+
 
 def build_aux(cfg, data: DatasetBundle, root: str, seed: int):
-    """Return ``(aux, data)``: the auxiliary set (or None) and the possibly reduced data."""
-    name = cfg.get("name", "none")
+    """Return ``(aux, data)``: the auxiliary set (or None) and the possibly reduced data.
+
+    ``cfg`` is the ``aux`` config group (an OmegaConf node or a dict); ``data`` the
+    private dataset on the CPU; ``root`` the data root (``data.root``); ``seed`` the
+    run seed, used for the selection and for ``random_once`` labels unless
+    ``aux.seed`` is set. heldout_test / public_train return ``data`` with the
+    auxiliary examples removed from its test / train split.
+    """
+    opts = _as_dict(cfg)
+    check_aux_config(opts)
+    name = opts.pop("name", "none")
     if name == "none":
         return None, data
-    raise ValueError(f"aux.name: unknown auxiliary data source {name!r}")
+    o = {**AUX_DEFAULTS[name], **opts}
+    labels = _label_mode(o.pop("labels"))
+    m = int(o.pop("num_samples"))
+    aux_seed = o.pop("seed")
+    aux_seed = int(seed if aux_seed is None else aux_seed)
+
+    src_classes = _SOURCE_CLASSES.get(name, data.num_classes)
+    if labels == "true" and src_classes != data.num_classes:
+        raise _config_error(
+            f"aux.labels: 'true' uses the {src_classes} classes of aux source {name}, but "
+            f"{data.name} has {data.num_classes}; use random_per_step or random_once"
+        )
+
+    x, y, data = AUX_SOURCES[name](
+        data,
+        num_samples=m,
+        generator=_generator(aux_seed, _SELECT),
+        root=Path(root).expanduser(),
+        **o,
+    )
+    assert x.shape == (m, *data.in_shape), (x.shape, data.in_shape)
+    fixed = None
+    if labels == "random_once":
+        fixed = torch.randint(0, data.num_classes, (m,), generator=_generator(aux_seed, _LABELS))
+    aux = AuxData(
+        x=x.float().contiguous(),
+        y=None if y is None else y.long().contiguous(),
+        num_classes=data.num_classes,
+        source=name,
+        labels=labels,
+        fixed_labels=fixed,
+    )
+    return aux, data

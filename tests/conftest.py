@@ -1,0 +1,41 @@
+"""Shared test helpers: where the real data lives and how to run the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO / "conf"
+
+
+def shared_data() -> Path | None:
+    env = os.environ.get("DPSUB_DATA")
+    for cand in ([Path(env)] if env else []) + [REPO.parent / "shared" / "data"]:
+        if (cand / "MNIST" / "raw").is_dir():
+            return cand.resolve()
+    return None
+
+
+SHARED = shared_data()
+needs_shared = pytest.mark.skipif(SHARED is None, reason="real data (../shared/data or DPSUB_DATA) not found")
+
+
+def run_cli(*overrides: str, run_dir: Path | None = None, timeout: int = 600, check: bool = True,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m dpsub.train`` with overrides (W&B disabled unless overridden)."""
+    args = [sys.executable, "-m", "dpsub.train", "logger.mode=disabled", "train.progress=false"]
+    if run_dir is not None:
+        args.append(f"hydra.run.dir={run_dir}")
+    args += list(overrides)
+    full_env = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
+    if SHARED is not None:
+        full_env.setdefault("DPSUB_DATA", str(SHARED))
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=full_env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dpsub.train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
