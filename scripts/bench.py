@@ -127,7 +127,10 @@ def random_aux(n: int, in_shape, seed: int) -> AuxData:
     g = torch.Generator().manual_seed(seed + 7)
     x = torch.randn(n, *in_shape, generator=g)
     labels = torch.randint(0, NUM_CLASSES, (n,), generator=g)
-    return AuxData(x, None, NUM_CLASSES, "random_gaussian", "random_once", labels)
+    return AuxData(
+        x=x, y=None, num_classes=NUM_CLASSES, source="gaussian", labels="random_once",
+        fixed_labels=labels,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------ memory

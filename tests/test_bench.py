@@ -96,3 +96,31 @@ def test_parse_overrides(bench):
     assert opts == {"clip": 3} and note is None and used == {0}
     assert bench.in_shape_of("lenet") == (1, 28, 28)
     assert bench.in_shape_of("wrn") == (3, 32, 32)
+
+
+def test_needs_aux_mechanism_gets_random_aux(bench, tmp_path, monkeypatch):
+    """A registered mechanism with needs_aux (and no yaml) is picked up and given AuxData."""
+    from dpsub.mechanisms import MECHANISMS
+    from dpsub.mechanisms.nonprivate import NonPrivate
+
+    seen = {}
+
+    class AuxProbe(NonPrivate):
+        name = "auxprobe"
+        needs_aux = True
+
+        def setup(self, engine, aux=None):
+            super().setup(engine, aux)
+            seen["x"], seen["labels"] = aux.x.shape, aux.batch_labels(None).shape
+
+    monkeypatch.setitem(MECHANISMS, "auxprobe", AuxProbe)
+    out = tmp_path / "a.json"
+    argv = [
+        "--models", "lenet", "--batch-size", "4", "--steps", "1", "--warmup", "0",
+        "--device", "cpu", "--aux-size", "5", "--out", str(out),
+    ]  # fmt: skip
+    assert bench.main(argv) == 0
+    recs = {r["mechanism"]: r for r in json.loads(out.read_text())}
+    assert set(recs) >= {"nonprivate", "dpsgd", "auxprobe"}
+    assert recs["auxprobe"]["status"] == "ok" and recs["auxprobe"]["aux_size"] == 5
+    assert seen == {"x": (5, 1, 28, 28), "labels": (5,)}

@@ -199,7 +199,12 @@ def validate(cfg: DictConfig) -> DictConfig:
         name in MECHANISMS, "mechanism.name", f"unknown mechanism; choose from {sorted(MECHANISMS)}", name
     )
     _check_kwargs("mechanism", MECHANISMS[name].__init__, mech, skip=("noise_multiplier",))
-    for key in ("clip", "clip0", "clip1"):
+    from dpsub.data.aux import check_aux_config
+
+    check_aux_config(OmegaConf.to_container(cfg.aux, resolve=True))
+    if MECHANISMS[name].needs_aux and cfg.aux.name == "none":
+        raise ConfigError(f"aux.name: mechanism {name!r} needs auxiliary data; choose e.g. aux=natural")
+    for key in ("clip", "clip_embedding", "clip_residual"):
         if key in mech:
             v = mech[key]
             _require(isinstance(v, (int, float)) and v > 0 and math.isfinite(v), f"mechanism.{key}", "must be > 0", v)

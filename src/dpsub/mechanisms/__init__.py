@@ -3,7 +3,7 @@
 Every mechanism registers itself in :data:`MECHANISMS` under its config name.
 """
 
-from dpsub.mechanisms import dpsgd, nonprivate  # noqa: F401  (registration)
+from dpsub.mechanisms import dpsgd, gep, nonprivate  # noqa: F401  (registration)
 from dpsub.mechanisms.base import MECHANISMS, Mechanism, StepContext, StepResult, register
 
 
