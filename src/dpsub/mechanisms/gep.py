@@ -91,6 +91,8 @@ class GEP(Mechanism):
     def noise_stds(self) -> tuple[float, float]:
         """(s1, s2): std of the embedding and residual noise."""
         z = self.noise_multiplier
+        if z == 0:  # noise off (tests); avoids 0 * inf when clipping is off too
+            return 0.0, 0.0
         if self.release_residual:
             return z * math.sqrt(2) * self.clip_embedding, z * math.sqrt(2) * self.clip_residual
         return z * self.clip_embedding, 0.0

@@ -1,0 +1,274 @@
+"""Mechanism math: clipping bounds, noise scales, sensitivities, unbiasedness, sampling.
+
+These tests drive the mechanisms directly with a small model so that every property
+is checked against an independent computation (per-example gradients from a loop of
+single-example backward passes, sample statistics of the released noise).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dpsub.data.aux import AuxData
+from dpsub.data.sampling import PoissonSampler, ShuffleSampler
+from dpsub.grads import GradEngine
+from dpsub.mechanisms import StepContext, build_mechanism
+
+torch.set_num_threads(2)
+
+
+class TinyNet(nn.Module):
+    def __init__(self, d=12, h=16, c=4):
+        super().__init__()
+        self.body = nn.Linear(d, h)
+        self.head = nn.Linear(h, c)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x.flatten(1))))
+
+
+def make_huge(model, x, y):
+    """Scale example 0 up and give it the least likely label: a huge gradient."""
+    x, y = x.clone(), y.clone()
+    x[0] *= 1e4
+    with torch.no_grad():
+        y[0] = model(x[:1]).argmin()
+    return x, y
+
+
+def setup(name, z, n=40, seed=0, aux_m=64, **opts):
+    torch.manual_seed(seed)
+    model = TinyNet()
+    x = torch.randn(n, 12)
+    y = torch.randint(0, 4, (n,))
+    engine = GradEngine(model, microbatch=16)
+    mech = build_mechanism(name, z, **opts)
+    aux = None
+    if mech.needs_aux:
+        aux = AuxData(x=torch.randn(aux_m, 12), y=None, num_classes=4, source="test", labels="random_once",
+                      fixed_labels=torch.randint(0, 4, (aux_m,)))
+    mech.setup(engine, aux)
+    return model, engine, mech, x, y
+
+
+def loop_grads(model, x, y):
+    """Per-example gradients by a Python loop: the independent reference."""
+    rows = []
+    for i in range(x.shape[0]):
+        model.zero_grad()
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    model.zero_grad()
+    return torch.stack(rows)
+
+
+def ctx(seed=0, B=40.0, step=0):
+    return StepContext(step, 100, B, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("backend", ["vmap", "opacus"])
+def test_engine_matches_loop(backend):
+    torch.manual_seed(0)
+    model = TinyNet()
+    x, y = torch.randn(10, 12), torch.randint(0, 4, (10,))
+    G = torch.cat([c.grads for c in GradEngine(model, microbatch=4, backend=backend).per_example(x, y)])
+    torch.testing.assert_close(G, loop_grads(model, x, y), rtol=1e-4, atol=1e-6)
+
+
+# --------------------------------------------------------------------- DP-SGD
+def test_dpsgd_noise_free_release_is_clipped_mean():
+    model, engine, mech, x, y = setup("dpsgd", 0.0, clip=0.05)
+    G = loop_grads(model, x, y)
+    factor = (0.05 / G.norm(dim=1)).clamp(max=1.0)
+    expected = (G * factor[:, None]).sum(0) / 40.0
+    torch.testing.assert_close(mech.step(x, y, ctx()).grad, expected, rtol=1e-4, atol=1e-7)
+
+
+def test_dpsgd_sensitivity_is_clip_even_for_a_huge_gradient():
+    """Neighbouring batches (with / without one example) differ by at most C."""
+    C = 0.3
+    model, engine, mech, x, y = setup("dpsgd", 0.0, clip=C)
+    x_huge, y = make_huge(model, x, y)  # an example whose raw gradient is enormous
+    with_ex = mech.step(x_huge, y, ctx()).grad * 40.0
+    without = mech.step(x_huge[1:], y[1:], ctx()).grad * 40.0
+    raw = loop_grads(model, x_huge[:1], y[:1]).norm()
+    assert raw > 100 * C  # the example really is huge
+    assert (with_ex - without).norm() <= C * (1 + 1e-5)
+    # and every example's contribution is bounded
+    for i in range(5):
+        keep = torch.ones(40, dtype=torch.bool)
+        keep[i] = False
+        diff = with_ex - mech.step(x_huge[keep], y[keep], ctx()).grad * 40.0
+        assert diff.norm() <= C * (1 + 1e-5)
+
+
+def test_dpsgd_noise_std_is_z_C_over_expected_batch():
+    z, C, B = 1.7, 0.5, 123.0  # B differs from the realized batch size (40)
+    model, engine, mech, x, y = setup("dpsgd", z, clip=C)
+    clean = build_mechanism("dpsgd", 0.0, clip=C)
+    clean.setup(engine)
+    base = clean.step(x, y, ctx(B=B)).grad
+    noise = torch.cat([mech.step(x, y, ctx(seed=s, B=B)).grad - base for s in range(20)])
+    std = noise.std().item()
+    n = noise.numel()
+    # std estimate of n Gaussians: relative standard error 1/sqrt(2n)
+    assert std == pytest.approx(z * C / B, rel=4 / math.sqrt(2 * n))
+    assert abs(noise.mean().item()) < 4 * z * C / B / math.sqrt(n)
+    assert mech.effective_noise_multiplier() == z
+
+
+def test_nonprivate_is_exact_mean_and_infinite_cost():
+    model, engine, mech, x, y = setup("nonprivate", 1.0)
+    torch.testing.assert_close(mech.step(x, y, ctx()).grad, loop_grads(model, x, y).mean(0), rtol=1e-4, atol=1e-7)
+    assert math.isinf(mech.effective_noise_multiplier())
+
+
+# ----------------------------------------------------------------- sampling
+def test_poisson_sampling_rate_and_variance():
+    n, q, T = 1000, 0.05, 2000
+    s = PoissonSampler(n, q, torch.Generator().manual_seed(0), "cpu")
+    counts = torch.zeros(n)
+    sizes = []
+    for _ in range(T):
+        idx = s.sample()
+        counts[idx] += 1
+        sizes.append(len(idx))
+    sizes = torch.tensor(sizes, dtype=torch.float64)
+    assert sizes.mean().item() == pytest.approx(n * q, rel=0.02)
+    # Poisson (independent inclusion): Var = n q (1 - q); a fixed-size sampler has 0
+    assert sizes.var().item() == pytest.approx(n * q * (1 - q), rel=0.15)
+    assert (counts / T).mean().item() == pytest.approx(q, rel=0.02)
+    assert (counts / T).std().item() < 0.02  # every example has the same rate
+
+
+def test_shuffle_sampler_is_fixed_size_permutation():
+    s = ShuffleSampler(100, 10, torch.Generator().manual_seed(0), "cpu")
+    seen = torch.cat([s.sample() for _ in range(10)])
+    assert sorted(seen.tolist()) == list(range(100))
+
+
+# ---------------------------------------------------------------------- GEP
+def gep_pair(z=0.0, **opts):
+    base = dict(num_bases=8, clip_embedding=math.inf, clip_residual=math.inf, grouping="stages",
+                diagnostics_every=0)
+    base.update(opts)
+    return setup("gep", z, **base)
+
+
+def test_gep_without_clipping_and_noise_is_the_exact_mean():
+    model, engine, mech, x, y = gep_pair()
+    out = mech.step(x, y, ctx(B=40.0)).grad
+    torch.testing.assert_close(out, loop_grads(model, x, y).mean(0), rtol=1e-4, atol=1e-6)
+
+
+def test_gep_in_span_residual_vanishes_and_update_is_projection():
+    model, engine, mech, x, y = gep_pair(num_bases=16, grouping="flat")
+    # anchors = the private examples themselves (with their labels): their gradients span G
+    mech.aux = AuxData(x=x[:16].clone(), y=y[:16].clone(), num_classes=4, source="test", labels="true")
+    G = loop_grads(model, x[:16], y[:16])
+    basis = mech.fit_subspace(torch.Generator().manual_seed(0))
+    mech.basis, mech._basis_step = basis, 0
+    mech.subspace_every = 10**9
+    R = basis.residual(G, basis.embed(G))
+    assert R.norm() / G.norm() < 1e-4
+    # B-GEP (embedding only) then equals GEP: the residual carries nothing
+    bg = build_mechanism("bgep", 0.0, num_bases=16, clip_embedding=math.inf, diagnostics_every=0,
+                         grouping="flat")
+    bg.setup(engine, mech.aux)
+    bg.basis, bg._basis_step, bg.subspace_every = basis, 0, 10**9
+    c = ctx(B=16.0)
+    torch.testing.assert_close(bg.step(x[:16], y[:16], c).grad, G.mean(0), rtol=1e-3, atol=1e-5)
+    torch.testing.assert_close(mech.step(x[:16], y[:16], ctx(B=16.0)).grad, basis.project(G.mean(0)),
+                               rtol=1e-3, atol=1e-5)
+
+
+def test_gep_noisy_releases_average_to_the_mean_gradient_bgep_does_not():
+    z = 0.5
+    model, engine, mech, x, y = gep_pair(z=z, subspace_every=10**9)
+    G = loop_grads(model, x, y)
+    target = G.mean(0)
+    S = 1.05 * G.norm(dim=1).max().item()  # thresholds above every norm: no clipping
+    mech.clip_embedding = mech.clip_residual = S
+    T = 400
+    mean = torch.stack([mech.step(x, y, ctx(seed=s)).grad for s in range(T)]).mean(0)
+    s1, s2 = mech.noise_stds()
+    p, k = target.numel(), mech.k
+    expected_err = math.sqrt(k * s1**2 + p * s2**2) / 40.0 / math.sqrt(T)  # norm of averaged noise (upper)
+    assert (mean - target).norm() < 1.5 * expected_err
+    single = (mech.step(x, y, ctx(seed=9999)).grad - target).norm()
+    assert (mean - target).norm() < single / 5  # averaging really removes the noise
+    # B-GEP keeps the residual's bias: its average misses the mean by ||P_perp g||
+    bg = build_mechanism("bgep", z, num_bases=8, clip_embedding=S, diagnostics_every=0, subspace_every=10**9)
+    bg.setup(engine, mech.aux)
+    bg.basis, bg._basis_step = mech.basis, 0
+    bmean = torch.stack([bg.step(x, y, ctx(seed=s)).grad for s in range(T)]).mean(0)
+    bias = (target - mech.basis.project(target)).norm()
+    assert (bmean - target).norm() == pytest.approx(bias.item(), rel=0.2)
+    assert bias > 3 * expected_err
+
+
+def test_gep_component_noise_stds_and_bgep_accounting():
+    z, S1, S2 = 1.3, 0.7, 0.2
+    model, engine, mech, x, y = gep_pair(z=z, clip_embedding=S1, clip_residual=S2, subspace_every=10**9)
+    s1, s2 = mech.noise_stds()
+    assert s1 == pytest.approx(z * math.sqrt(2) * S1) and s2 == pytest.approx(z * math.sqrt(2) * S2)
+    bg = build_mechanism("bgep", z, num_bases=8, clip_embedding=S1)
+    assert bg.noise_stds()[0] == pytest.approx(z * S1)  # B-GEP: one release, sensitivity S1
+    # both are charged as one Gaussian mechanism with multiplier z
+    assert mech.effective_noise_multiplier() == z == bg.effective_noise_multiplier()
+
+    # measure the two noise components of the released update separately
+    clean = build_mechanism("gep", 0.0, num_bases=8, clip_embedding=S1, clip_residual=S2, diagnostics_every=0)
+    clean.setup(engine, mech.aux)
+    mech.step(x, y, ctx())  # fits the basis once
+    clean.basis, clean._basis_step, clean.subspace_every = mech.basis, 0, 10**9
+    base = clean.step(x, y, ctx(B=1.0)).grad
+    basis = mech.basis
+    emb, res = [], []
+    for s in range(300):
+        noise = mech.step(x, y, ctx(seed=s + 1, B=1.0)).grad - base
+        w = basis.embed(noise)  # embedding noise lives in the span
+        emb.append(w)
+        res.append(basis.residual(noise[None], w[None])[0])
+    emb, res = torch.stack(emb), torch.stack(res)
+    assert emb.std().item() == pytest.approx(s1 + 0.0, rel=0.08)
+    # the residual noise is isotropic N(0, s2^2 I_p) projected off the k-dim span
+    p, k = basis.dim, basis.k
+    assert res.pow(2).sum(1).mean().item() == pytest.approx(s2**2 * (p - k), rel=0.05)
+
+
+def test_gep_normalized_release_has_sensitivity_sqrt2():
+    """Per example, ||[w/S1, r/S2]|| <= sqrt(2): the basis of z_eff = z."""
+    S1, S2 = 0.05, 0.02
+    model, engine, mech, x, y = gep_pair(clip_embedding=S1, clip_residual=S2)
+    x, y = make_huge(model, x, y)
+    mech.step(x, y, ctx())
+    basis = mech.basis
+    from dpsub.grads import clip_rows
+
+    G = loop_grads(model, x, y)
+    W = basis.embed(G)
+    R = basis.residual(G, W)
+    Wc, _ = clip_rows(W, S1)
+    Rc, _ = clip_rows(R, S2)
+    joint = torch.sqrt(Wc.pow(2).sum(1) / S1**2 + Rc.pow(2).sum(1) / S2**2)
+    assert joint.max() <= math.sqrt(2) * (1 + 1e-5)
+    assert joint.max() > 1.4  # the bound is attained by clipped examples
+    # the mechanism's own sums agree: removing the huge example changes each release by <= S_j
+    c0 = ctx(B=1.0)
+    both = mech.step(x, y, c0).grad
+    rest = mech.step(x[1:], y[1:], ctx(B=1.0)).grad
+    assert (both - rest).norm() <= (S1 + S2) * (1 + 1e-4)
+
+
+def test_gep_requires_aux_and_checks_k():
+    with pytest.raises(ValueError, match="aux"):
+        m = build_mechanism("gep", 1.0)
+        m.setup(GradEngine(TinyNet()), None)
+    with pytest.raises(ValueError, match="num_bases"):
+        setup("gep", 1.0, num_bases=10_000, aux_m=64)
