@@ -114,6 +114,7 @@ def mechanism_options(
     if path.exists():
         opts = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
         opts.pop("name", None)
+        opts.pop("defaults", None)  # Hydra defaults list (e.g. the default aux source)
     else:
         opts, note = {}, f"no {path.relative_to(ROOT)}: default options"
     for i, (scope, key, value) in enumerate(overrides):

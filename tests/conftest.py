@@ -28,10 +28,11 @@ needs_shared = pytest.mark.skipif(SHARED is None, reason="real data (../shared/d
 def run_cli(*overrides: str, run_dir: Path | None = None, timeout: int = 600, check: bool = True,
             env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m dpsub.train`` with overrides (W&B disabled unless overridden)."""
-    args = [sys.executable, "-m", "dpsub.train", "logger.mode=disabled", "train.progress=false"]
+    flags = [o for o in overrides if o.startswith("-")]
+    args = [sys.executable, "-m", "dpsub.train", *flags, "logger.mode=disabled", "train.progress=false"]
     if run_dir is not None:
         args.append(f"hydra.run.dir={run_dir}")
-    args += list(overrides)
+    args += [o for o in overrides if not o.startswith("-")]
     full_env = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
     if SHARED is not None:
         full_env.setdefault("DPSUB_DATA", str(SHARED))

@@ -106,3 +106,13 @@ def test_cli_errors_before_training(tmp_path):
     # unknown key: Hydra refuses it and names it
     proc = run_cli("train.epochz=3", run_dir=tmp_path / "b", check=False)
     assert proc.returncode != 0 and "epochz" in proc.stderr
+
+
+@pytest.mark.parametrize("launcher,target", [("local", "JoblibLauncher"), ("slurm", "SlurmLauncher")])
+def test_launcher_presets_compose(launcher, target):
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith(target)

@@ -1,0 +1,35 @@
+# dpsub: the two commands are `make demo` and `make test`.
+UV := $(shell command -v uv 2>/dev/null)
+ifeq ($(UV),)
+UV := python3 -m uv
+endif
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-all lint format bench clean
+
+setup:  ## install uv if missing, then the locked environment (.venv)
+	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
+	$(UV) sync --frozen
+
+demo: setup  ## DP-SGD on scikit-learn's digits (offline), prints test accuracy and epsilon
+	$(UV) run --frozen dpsub-train experiment=demo
+
+test: setup  ## the test suite (slow tests excluded), < 10 minutes on 2 CPU cores
+	$(UV) run --frozen pytest -m "not slow" $(PYTEST_ARGS)
+
+test-all: setup
+	$(UV) run --frozen pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(UV) run --frozen ruff check src tests scripts
+	$(UV) run --frozen ruff format --check src tests scripts
+
+format: setup
+	$(UV) run --frozen ruff format src tests scripts
+	$(UV) run --frozen ruff check --fix src tests scripts
+
+bench: setup  ## step time / memory of every mechanism vs non-private training
+	$(UV) run --frozen python scripts/bench.py --models mnist_cnn resnet20
+
+clean:
+	rm -rf outputs/runs outputs/multirun .pytest_cache
