@@ -22,21 +22,39 @@ def shared_data() -> Path | None:
 
 
 SHARED = shared_data()
-needs_shared = pytest.mark.skipif(SHARED is None, reason="real data (../shared/data or DPSUB_DATA) not found")
+needs_shared = pytest.mark.skipif(
+    SHARED is None, reason="real data (../shared/data or DPSUB_DATA) not found"
+)
 
 
-def run_cli(*overrides: str, run_dir: Path | None = None, timeout: int = 600, check: bool = True,
-            env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *overrides: str,
+    run_dir: Path | None = None,
+    timeout: int = 600,
+    check: bool = True,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
     """Run ``python -m dpsub.train`` with overrides (W&B disabled unless overridden)."""
     flags = [o for o in overrides if o.startswith("-")]
-    args = [sys.executable, "-m", "dpsub.train", *flags, "logger.mode=disabled", "train.progress=false"]
+    args = [
+        sys.executable,
+        "-m",
+        "dpsub.train",
+        *flags,
+        "logger.mode=disabled",
+        "train.progress=false",
+    ]
     if run_dir is not None:
         args.append(f"hydra.run.dir={run_dir}")
     args += [o for o in overrides if not o.startswith("-")]
     full_env = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
     if SHARED is not None:
         full_env.setdefault("DPSUB_DATA", str(SHARED))
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=full_env)
+    proc = subprocess.run(
+        args, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=full_env
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"dpsub.train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        raise AssertionError(
+            f"dpsub.train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
     return proc

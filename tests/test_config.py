@@ -7,14 +7,19 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import dpsub.train  # noqa: F401  (registers the run-dir resolver)
-from conftest import CONF_DIR, run_cli
 from dpsub.config import ConfigError, validate
 from dpsub.mechanisms import build_mechanism
 from dpsub.models import build_model
 
+from conftest import CONF_DIR, run_cli
+
 SHAPES = {
-    "digits": (1, 28, 28), "mnist": (1, 28, 28), "fashion_mnist": (1, 28, 28),
-    "synthetic": (1, 28, 28), "cifar10": (3, 32, 32), "cifar10_subset": (3, 32, 32),
+    "digits": (1, 28, 28),
+    "mnist": (1, 28, 28),
+    "fashion_mnist": (1, 28, 28),
+    "synthetic": (1, 28, 28),
+    "cifar10": (3, 32, 32),
+    "cifar10_subset": (3, 32, 32),
     "svhn": (3, 32, 32),
 }
 
@@ -108,11 +113,15 @@ def test_cli_errors_before_training(tmp_path):
     assert proc.returncode != 0 and "epochz" in proc.stderr
 
 
-@pytest.mark.parametrize("launcher,target", [("local", "JoblibLauncher"), ("slurm", "SlurmLauncher")])
+@pytest.mark.parametrize(
+    "launcher,target", [("local", "JoblibLauncher"), ("slurm", "SlurmLauncher")]
+)
 def test_launcher_presets_compose(launcher, target):
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+        cfg = compose(
+            config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True
+        )
     assert cfg.hydra.launcher._target_.endswith(target)

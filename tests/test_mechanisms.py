@@ -50,8 +50,14 @@ def setup(name, z, n=40, seed=0, aux_m=64, **opts):
     mech = build_mechanism(name, z, **opts)
     aux = None
     if mech.needs_aux:
-        aux = AuxData(x=torch.randn(aux_m, 12), y=None, num_classes=4, source="test", labels="random_once",
-                      fixed_labels=torch.randint(0, 4, (aux_m,)))
+        aux = AuxData(
+            x=torch.randn(aux_m, 12),
+            y=None,
+            num_classes=4,
+            source="test",
+            labels="random_once",
+            fixed_labels=torch.randint(0, 4, (aux_m,)),
+        )
     mech.setup(engine, aux)
     return model, engine, mech, x, y
 
@@ -76,7 +82,9 @@ def test_engine_matches_loop(backend):
     torch.manual_seed(0)
     model = TinyNet()
     x, y = torch.randn(10, 12), torch.randint(0, 4, (10,))
-    G = torch.cat([c.grads for c in GradEngine(model, microbatch=4, backend=backend).per_example(x, y)])
+    G = torch.cat(
+        [c.grads for c in GradEngine(model, microbatch=4, backend=backend).per_example(x, y)]
+    )
     torch.testing.assert_close(G, loop_grads(model, x, y), rtol=1e-4, atol=1e-6)
 
 
@@ -124,7 +132,9 @@ def test_dpsgd_noise_std_is_z_C_over_expected_batch():
 
 def test_nonprivate_is_exact_mean_and_infinite_cost():
     model, engine, mech, x, y = setup("nonprivate", 1.0)
-    torch.testing.assert_close(mech.step(x, y, ctx()).grad, loop_grads(model, x, y).mean(0), rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(
+        mech.step(x, y, ctx()).grad, loop_grads(model, x, y).mean(0), rtol=1e-4, atol=1e-7
+    )
     assert math.isinf(mech.effective_noise_multiplier())
 
 
@@ -154,8 +164,13 @@ def test_shuffle_sampler_is_fixed_size_permutation():
 
 # ---------------------------------------------------------------------- GEP
 def gep_pair(z=0.0, **opts):
-    base = dict(num_bases=8, clip_embedding=math.inf, clip_residual=math.inf, grouping="stages",
-                diagnostics_every=0)
+    base = dict(
+        num_bases=8,
+        clip_embedding=math.inf,
+        clip_residual=math.inf,
+        grouping="stages",
+        diagnostics_every=0,
+    )
     base.update(opts)
     return setup("gep", z, **base)
 
@@ -169,7 +184,9 @@ def test_gep_without_clipping_and_noise_is_the_exact_mean():
 def test_gep_in_span_residual_vanishes_and_update_is_projection():
     model, engine, mech, x, y = gep_pair(num_bases=16, grouping="flat")
     # anchors = the private examples themselves (with their labels): their gradients span G
-    mech.aux = AuxData(x=x[:16].clone(), y=y[:16].clone(), num_classes=4, source="test", labels="true")
+    mech.aux = AuxData(
+        x=x[:16].clone(), y=y[:16].clone(), num_classes=4, source="test", labels="true"
+    )
     G = loop_grads(model, x[:16], y[:16])
     basis = mech.fit_subspace(torch.Generator().manual_seed(0))
     mech.basis, mech._basis_step = basis, 0
@@ -177,14 +194,16 @@ def test_gep_in_span_residual_vanishes_and_update_is_projection():
     R = basis.residual(G, basis.embed(G))
     assert R.norm() / G.norm() < 1e-4
     # B-GEP (embedding only) then equals GEP: the residual carries nothing
-    bg = build_mechanism("bgep", 0.0, num_bases=16, clip_embedding=math.inf, diagnostics_every=0,
-                         grouping="flat")
+    bg = build_mechanism(
+        "bgep", 0.0, num_bases=16, clip_embedding=math.inf, diagnostics_every=0, grouping="flat"
+    )
     bg.setup(engine, mech.aux)
     bg.basis, bg._basis_step, bg.subspace_every = basis, 0, 10**9
     c = ctx(B=16.0)
     torch.testing.assert_close(bg.step(x[:16], y[:16], c).grad, G.mean(0), rtol=1e-3, atol=1e-5)
-    torch.testing.assert_close(mech.step(x[:16], y[:16], ctx(B=16.0)).grad, basis.project(G.mean(0)),
-                               rtol=1e-3, atol=1e-5)
+    torch.testing.assert_close(
+        mech.step(x[:16], y[:16], ctx(B=16.0)).grad, basis.project(G.mean(0)), rtol=1e-3, atol=1e-5
+    )
 
 
 def test_gep_noisy_releases_average_to_the_mean_gradient_bgep_does_not():
@@ -198,12 +217,16 @@ def test_gep_noisy_releases_average_to_the_mean_gradient_bgep_does_not():
     mean = torch.stack([mech.step(x, y, ctx(seed=s)).grad for s in range(T)]).mean(0)
     s1, s2 = mech.noise_stds()
     p, k = target.numel(), mech.k
-    expected_err = math.sqrt(k * s1**2 + p * s2**2) / 40.0 / math.sqrt(T)  # norm of averaged noise (upper)
+    expected_err = (
+        math.sqrt(k * s1**2 + p * s2**2) / 40.0 / math.sqrt(T)
+    )  # norm of averaged noise (upper)
     assert (mean - target).norm() < 1.5 * expected_err
     single = (mech.step(x, y, ctx(seed=9999)).grad - target).norm()
     assert (mean - target).norm() < single / 5  # averaging really removes the noise
     # B-GEP keeps the residual's bias: its average misses the mean by ||P_perp g||
-    bg = build_mechanism("bgep", z, num_bases=8, clip_embedding=S, diagnostics_every=0, subspace_every=10**9)
+    bg = build_mechanism(
+        "bgep", z, num_bases=8, clip_embedding=S, diagnostics_every=0, subspace_every=10**9
+    )
     bg.setup(engine, mech.aux)
     bg.basis, bg._basis_step = mech.basis, 0
     bmean = torch.stack([bg.step(x, y, ctx(seed=s)).grad for s in range(T)]).mean(0)
@@ -214,7 +237,9 @@ def test_gep_noisy_releases_average_to_the_mean_gradient_bgep_does_not():
 
 def test_gep_component_noise_stds_and_bgep_accounting():
     z, S1, S2 = 1.3, 0.7, 0.2
-    model, engine, mech, x, y = gep_pair(z=z, clip_embedding=S1, clip_residual=S2, subspace_every=10**9)
+    model, engine, mech, x, y = gep_pair(
+        z=z, clip_embedding=S1, clip_residual=S2, subspace_every=10**9
+    )
     s1, s2 = mech.noise_stds()
     assert s1 == pytest.approx(z * math.sqrt(2) * S1) and s2 == pytest.approx(z * math.sqrt(2) * S2)
     bg = build_mechanism("bgep", z, num_bases=8, clip_embedding=S1)
@@ -223,7 +248,9 @@ def test_gep_component_noise_stds_and_bgep_accounting():
     assert mech.effective_noise_multiplier() == z == bg.effective_noise_multiplier()
 
     # measure the two noise components of the released update separately
-    clean = build_mechanism("gep", 0.0, num_bases=8, clip_embedding=S1, clip_residual=S2, diagnostics_every=0)
+    clean = build_mechanism(
+        "gep", 0.0, num_bases=8, clip_embedding=S1, clip_residual=S2, diagnostics_every=0
+    )
     clean.setup(engine, mech.aux)
     mech.step(x, y, ctx())  # fits the basis once
     clean.basis, clean._basis_step, clean.subspace_every = mech.basis, 0, 10**9

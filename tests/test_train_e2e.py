@@ -14,9 +14,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import dpsub.train  # noqa: F401  (registers the run-dir resolver)
-from conftest import CONF_DIR, REPO, SHARED, needs_shared, run_cli
 from dpsub.logging import read_metrics
 from dpsub.training.trainer import train
+
+from conftest import CONF_DIR, REPO, SHARED, needs_shared, run_cli
 
 
 def cfg_for(*overrides: str, data_root: Path | None = None):
@@ -24,12 +25,24 @@ def cfg_for(*overrides: str, data_root: Path | None = None):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(
             config_name="config",
-            overrides=[f"data.root={root}", "logger.mode=disabled", "train.progress=false", *overrides],
+            overrides=[
+                f"data.root={root}",
+                "logger.mode=disabled",
+                "train.progress=false",
+                *overrides,
+            ],
         )
 
 
-DEMO = ("train.epochs=4", "train.batch_size=256", "optim.lr=1.0", "optim.momentum=0.0",
-        "privacy.epsilon=3.0", "train.eval_every=5", "train.log_every=2")
+DEMO = (
+    "train.epochs=4",
+    "train.batch_size=256",
+    "optim.lr=1.0",
+    "optim.momentum=0.0",
+    "privacy.epsilon=3.0",
+    "train.eval_every=5",
+    "train.log_every=2",
+)
 
 
 def test_digits_dpsgd_learns_and_spends_exactly_the_budget(tmp_path):
@@ -60,8 +73,15 @@ def test_budget_stops_training_when_fixed_noise_is_too_small(tmp_path):
 @needs_shared
 def test_dpsgd_on_real_mnist(tmp_path):
     res = train(
-        cfg_for("dataset=mnist", "train.batch_size=512", "train.max_steps=60", "optim.lr=2.0",
-                "optim.momentum=0.0", "privacy.epsilon=2.0", "train.eval_every=0"),
+        cfg_for(
+            "dataset=mnist",
+            "train.batch_size=512",
+            "train.max_steps=60",
+            "optim.lr=2.0",
+            "optim.momentum=0.0",
+            "privacy.epsilon=2.0",
+            "train.eval_every=0",
+        ),
         tmp_path,
     )
     assert res.steps == 60
@@ -72,9 +92,19 @@ def test_dpsgd_on_real_mnist(tmp_path):
 @needs_shared
 def test_gep_on_real_mnist_with_natural_aux(tmp_path):
     res = train(
-        cfg_for("dataset=mnist", "mechanism=gep", "aux=natural", "aux.num_samples=300",
-                "mechanism.num_bases=100", "mechanism.diagnostics_every=5", "train.batch_size=256",
-                "train.max_steps=12", "optim.lr=0.5", "train.log_every=1", "train.eval_every=0"),
+        cfg_for(
+            "dataset=mnist",
+            "mechanism=gep",
+            "aux=natural",
+            "aux.num_samples=300",
+            "mechanism.num_bases=100",
+            "mechanism.diagnostics_every=5",
+            "train.batch_size=256",
+            "train.max_steps=12",
+            "optim.lr=0.5",
+            "train.log_every=1",
+            "train.eval_every=0",
+        ),
         tmp_path,
     )
     assert res.steps == 12 and res.epsilon <= 2.0
@@ -99,8 +129,15 @@ def test_kill_and_resume_reaches_the_same_run(tmp_path):
     reference = train(cfg_for(*overrides), tmp_path / "ref")
 
     run_dir = tmp_path / "killed"
-    args = [sys.executable, "-m", "dpsub.train", "logger.mode=disabled", "train.progress=false",
-            f"hydra.run.dir={run_dir}", *overrides]
+    args = [
+        sys.executable,
+        "-m",
+        "dpsub.train",
+        "logger.mode=disabled",
+        "train.progress=false",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
+    ]
     env = {**os.environ, "DPSUB_DATA": str(SHARED or "./data")}
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     ckpt, deadline = run_dir / "checkpoint.pt", time.time() + 300
@@ -126,8 +163,13 @@ def test_kill_and_resume_reaches_the_same_run(tmp_path):
 
 
 def test_multirun_over_two_epsilons(tmp_path):
-    run_cli("-m", "privacy.epsilon=1,4", "train.max_steps=3", "train.eval_every=0",
-            f"hydra.sweep.dir={tmp_path}")
+    run_cli(
+        "-m",
+        "privacy.epsilon=1,4",
+        "train.max_steps=3",
+        "train.eval_every=0",
+        f"hydra.sweep.dir={tmp_path}",
+    )
     jobs = sorted(p for p in tmp_path.iterdir() if p.is_dir() and (p / "summary.json").exists())
     assert len(jobs) == 2
     eps = sorted(json.loads((p / "summary.json").read_text())["epsilon"] for p in jobs)

@@ -146,10 +146,19 @@ def validate(cfg: DictConfig) -> DictConfig:
     p = typed["privacy"]
     _require(p.epsilon > 0, "privacy.epsilon", "must be > 0", p.epsilon)
     _require(0 < p.delta < 1, "privacy.delta", "must be in (0, 1)", p.delta)
-    _require(p.accountant in ("rdp", "prv"), "privacy.accountant", "must be rdp or prv", p.accountant)
-    _require(p.sampling in ("poisson", "shuffle"), "privacy.sampling", "must be poisson or shuffle", p.sampling)
+    _require(
+        p.accountant in ("rdp", "prv"), "privacy.accountant", "must be rdp or prv", p.accountant
+    )
+    _require(
+        p.sampling in ("poisson", "shuffle"),
+        "privacy.sampling",
+        "must be poisson or shuffle",
+        p.sampling,
+    )
     if p.noise_multiplier is not None:
-        _require(p.noise_multiplier > 0, "privacy.noise_multiplier", "must be > 0", p.noise_multiplier)
+        _require(
+            p.noise_multiplier > 0, "privacy.noise_multiplier", "must be > 0", p.noise_multiplier
+        )
 
     t = typed["train"]
     _require(t.epochs > 0, "train.epochs", "must be > 0", t.epochs)
@@ -181,12 +190,18 @@ def validate(cfg: DictConfig) -> DictConfig:
     _require(lg.mode in modes, "logger.mode", f"must be one of {modes}", lg.mode)
 
     d = typed["dataset"]
-    _require(d.name in LOADERS, "dataset.name", f"unknown dataset; choose from {sorted(LOADERS)}", d.name)
+    _require(
+        d.name in LOADERS, "dataset.name", f"unknown dataset; choose from {sorted(LOADERS)}", d.name
+    )
     if d.train_size is not None:
         _require(d.train_size >= 1, "dataset.train_size", "must be >= 1", d.train_size)
 
-    _require(cfg.device == "auto" or str(cfg.device).startswith(("cpu", "cuda", "mps")),
-             "device", "must be auto, cpu, cuda or cuda:N", cfg.device)
+    _require(
+        cfg.device == "auto" or str(cfg.device).startswith(("cpu", "cuda", "mps")),
+        "device",
+        "must be auto, cpu, cuda or cuda:N",
+        cfg.device,
+    )
 
     model = OmegaConf.to_container(cfg.model, resolve=True)
     name = model.pop("name", None)
@@ -196,18 +211,28 @@ def validate(cfg: DictConfig) -> DictConfig:
     mech = OmegaConf.to_container(cfg.mechanism, resolve=True)
     name = mech.pop("name", None)
     _require(
-        name in MECHANISMS, "mechanism.name", f"unknown mechanism; choose from {sorted(MECHANISMS)}", name
+        name in MECHANISMS,
+        "mechanism.name",
+        f"unknown mechanism; choose from {sorted(MECHANISMS)}",
+        name,
     )
     _check_kwargs("mechanism", MECHANISMS[name].__init__, mech, skip=("noise_multiplier",))
     from dpsub.data.aux import check_aux_config
 
     check_aux_config(OmegaConf.to_container(cfg.aux, resolve=True))
     if MECHANISMS[name].needs_aux and cfg.aux.name == "none":
-        raise ConfigError(f"aux.name: mechanism {name!r} needs auxiliary data; choose e.g. aux=natural")
+        raise ConfigError(
+            f"aux.name: mechanism {name!r} needs auxiliary data; choose e.g. aux=natural"
+        )
     for key in ("clip", "clip_embedding", "clip_residual"):
         if key in mech:
             v = mech[key]
-            _require(isinstance(v, (int, float)) and v > 0 and math.isfinite(v), f"mechanism.{key}", "must be > 0", v)
+            _require(
+                isinstance(v, (int, float)) and v > 0 and math.isfinite(v),
+                f"mechanism.{key}",
+                "must be > 0",
+                v,
+            )
     return cfg
 
 

@@ -59,7 +59,10 @@ def cli() -> None:
         name = chosen[-1].split("=", 1)[1]
         available = sorted(p.stem for p in EXPERIMENT_DIR.glob("*.yaml"))
         if name not in available:
-            print(f"dpsub: experiment: unknown experiment {name!r}; available: {available}", file=sys.stderr)
+            print(
+                f"dpsub: experiment: unknown experiment {name!r}; available: {available}",
+                file=sys.stderr,
+            )
             sys.exit(2)
         rest = [a for a in args if not a.startswith("experiment=")]
         sys.argv = [sys.argv[0], "--config-dir", str(EXPERIMENT_DIR), "--config-name", name, *rest]

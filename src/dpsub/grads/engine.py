@@ -56,7 +56,10 @@ class ParamLayout:
         return self.offsets[-1] + self.numels[-1] if self.names else 0
 
     def slices(self) -> dict[str, slice]:
-        return {n: slice(o, o + k) for n, o, k in zip(self.names, self.offsets, self.numels)}
+        return {
+            n: slice(o, o + k)
+            for n, o, k in zip(self.names, self.offsets, self.numels, strict=True)
+        }
 
 
 @dataclass
@@ -97,7 +100,7 @@ class GradEngine:
 
     def set_grad(self, flat: torch.Tensor) -> None:
         """Write a flat gradient into ``p.grad`` of every trainable parameter."""
-        for p, off, n in zip(self._params, self.layout.offsets, self.layout.numels):
+        for p, off, n in zip(self._params, self.layout.offsets, self.layout.numels, strict=True):
             p.grad = flat[off : off + n].view_as(p).clone()
 
     def _single_loss(self, params, buffers, x, y):

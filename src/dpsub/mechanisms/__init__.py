@@ -9,7 +9,9 @@ from dpsub.mechanisms.base import MECHANISMS, Mechanism, StepContext, StepResult
 
 def build_mechanism(name: str, noise_multiplier: float, **params) -> Mechanism:
     if name not in MECHANISMS:
-        raise ValueError(f"mechanism.name: unknown mechanism {name!r}; choose from {sorted(MECHANISMS)}")
+        raise ValueError(
+            f"mechanism.name: unknown mechanism {name!r}; choose from {sorted(MECHANISMS)}"
+        )
     return MECHANISMS[name](noise_multiplier=noise_multiplier, **params)
 
 

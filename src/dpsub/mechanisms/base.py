@@ -84,8 +84,8 @@ class Mechanism(ABC):
     def state_dict(self) -> dict:
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
-        pass
+    def load_state_dict(self, state: dict) -> None:  # noqa: B027  (optional hook)
+        """Restore what :meth:`state_dict` saved (stateless mechanisms: nothing)."""
 
     @staticmethod
     def gaussian(shape, std: float, ctx: StepContext, device) -> torch.Tensor:

@@ -68,7 +68,9 @@ class GEP(Mechanism):
         if int(power_iters) < 1:
             raise ValueError(f"mechanism.power_iters must be >= 1, got {power_iters}")
         if grouping not in GROUPING_SCHEMES:
-            raise ValueError(f"mechanism.grouping must be one of {GROUPING_SCHEMES}, got {grouping!r}")
+            raise ValueError(
+                f"mechanism.grouping must be one of {GROUPING_SCHEMES}, got {grouping!r}"
+            )
         if precision not in PRECISIONS:
             raise ValueError(f"mechanism.precision must be one of {PRECISIONS}, got {precision!r}")
         if int(subspace_every) < 1:
@@ -121,10 +123,17 @@ class GEP(Mechanism):
         Ga = self.anchor_gradients(generator)
         tf32 = self.precision == "tf32" and Ga.is_cuda
         ctx = _allow_tf32() if tf32 else nullcontext()
-        dtype = torch.float32 if self.precision in ("fp32", "tf32") else resolve_dtype(self.precision)
+        dtype = (
+            torch.float32 if self.precision in ("fp32", "tf32") else resolve_dtype(self.precision)
+        )
         with ctx:
             return fit_grouped_basis(
-                Ga, self.groups, self.k, iters=self.power_iters, generator=generator, compute_dtype=dtype
+                Ga,
+                self.groups,
+                self.k,
+                iters=self.power_iters,
+                generator=generator,
+                compute_dtype=dtype,
             )
 
     # ---------------------------------------------------------------- step

@@ -121,7 +121,9 @@ def train(cfg: DictConfig, run_dir: str | Path) -> RunResult:
         seed=cfg.seed,
         image_size=cfg.dataset.get("image_size"),
         use_extra=cfg.dataset.get("use_extra", False),
-        synthetic=OmegaConf.to_container(cfg.dataset.synthetic) if cfg.dataset.get("synthetic") else None,
+        synthetic=OmegaConf.to_container(cfg.dataset.synthetic)
+        if cfg.dataset.get("synthetic")
+        else None,
     )
     aux, data = build_aux(cfg.aux, data, root=cfg.data.root, seed=cfg.seed)
     n_train = int(data.train_y.shape[0])
@@ -276,7 +278,9 @@ def train(cfg: DictConfig, run_dir: str | Path) -> RunResult:
                     window = {"loss": 0.0, "correct": 0, "n": 0, "t": time.perf_counter()}
                 if (t_cfg.eval_every and step % t_cfg.eval_every == 0) or last:
                     acc, loss = evaluate(model, data.test_x, data.test_y, t_cfg.eval_batch_size)
-                    logger.log({"test/accuracy": acc, "test/loss": loss, "epsilon": eps_now(True)}, step)
+                    logger.log(
+                        {"test/accuracy": acc, "test/loss": loss, "epsilon": eps_now(True)}, step
+                    )
                 bar.set_postfix(
                     loss=f"{res.loss_sum / max(res.n, 1):.3f}",
                     acc=f"{acc:.3f}",
@@ -289,7 +293,9 @@ def train(cfg: DictConfig, run_dir: str | Path) -> RunResult:
                     checkpoint()
                     log.warning(
                         "signal %d: checkpoint saved at step %d; resume with resume=%s",
-                        stop.signum, step, run_dir,
+                        stop.signum,
+                        step,
+                        run_dir,
                     )
                     raise Interrupted(128 + stop.signum)
     finally:
