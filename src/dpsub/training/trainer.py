@@ -232,6 +232,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> RunResult:
     stopped_by_budget = False
     acc = loss = float("nan")
     window = {"loss": 0.0, "correct": 0, "n": 0, "t": time.perf_counter()}
+    mech_metrics: dict[str, float] = {}  # latest value of each mechanism diagnostic
     bar = tqdm(total=total_steps, initial=step, disable=not t_cfg.progress, dynamic_ncols=True)
     model.train()
     try:
@@ -259,6 +260,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> RunResult:
                 window["loss"] += res.loss_sum
                 window["correct"] += res.correct
                 window["n"] += res.n
+                mech_metrics.update(res.metrics)
 
                 last = step == total_steps
                 if t_cfg.log_every and (step % t_cfg.log_every == 0 or last):
@@ -272,7 +274,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> RunResult:
                         "epsilon_rdp" if p.accountant == "prv" else "epsilon": eps_now(False),
                         "z_eff": res.z_eff,
                         "steps_per_s": t_cfg.log_every / dt if dt > 0 else 0.0,
-                        **{f"mech/{k}": v for k, v in res.metrics.items()},
+                        **{f"mech/{k}": v for k, v in mech_metrics.items()},
                     }
                     logger.log(metrics, step)
                     window = {"loss": 0.0, "correct": 0, "n": 0, "t": time.perf_counter()}
@@ -300,8 +302,6 @@ def train(cfg: DictConfig, run_dir: str | Path) -> RunResult:
                     raise Interrupted(128 + stop.signum)
     finally:
         bar.close()
-        if step == 0 or not math.isfinite(acc):
-            pass
 
     # --------------------------------------------------------------- final
     checkpoint()
