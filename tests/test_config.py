@@ -125,3 +125,10 @@ def test_launcher_presets_compose(launcher, target):
             config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True
         )
     assert cfg.hydra.launcher._target_.endswith(target)
+
+
+def test_missing_dataset_files_give_one_clear_error(tmp_path):
+    proc = run_cli("dataset=cifar10", f"data.root={tmp_path}", run_dir=tmp_path / "run", check=False)
+    assert proc.returncode == 2
+    assert "data_batch_1" in proc.stderr and "data.root" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -31,6 +31,7 @@ OmegaConf.register_new_resolver("dpsub_run_dir", _run_dir, replace=True)
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> float:
+    from dpsub.data import DatasetNotFoundError
     from dpsub.training.trainer import train
 
     logging.getLogger("dpsub").setLevel(logging.INFO)
@@ -41,6 +42,9 @@ def main(cfg: DictConfig) -> float:
         result = train(cfg, run_dir)
     except ConfigError as e:
         print(f"dpsub: invalid config: {e}", file=sys.stderr)
+        sys.exit(2)
+    except DatasetNotFoundError as e:
+        print(f"dpsub: {e}", file=sys.stderr)
         sys.exit(2)
     return result.test_accuracy  # for Hydra sweepers that optimize a return value
 
