@@ -22,11 +22,18 @@ from dpsub.data import load_dataset
 from dpsub.data.aux import build_aux
 from dpsub.grads import GradEngine
 from dpsub.models import build_model
-from dpsub.subspace import fit_grouped_basis, group_parameters, relative_error_of_mean, row_relative_errors
+from dpsub.subspace import (
+    fit_grouped_basis,
+    group_parameters,
+    relative_error_of_mean,
+    row_relative_errors,
+)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--dataset", default="mnist")
     ap.add_argument("--model", default="mnist_cnn")
     ap.add_argument("--root", default=os.environ.get("DPSUB_DATA", "./data"))
@@ -41,7 +48,9 @@ def main() -> None:
 
     torch.manual_seed(0)
     data = load_dataset(args.dataset, root=args.root)
-    aux, data = build_aux({"name": "natural", "num_samples": args.m, "labels": "random_once"}, data, args.root, 0)
+    aux, data = build_aux(
+        {"name": "natural", "num_samples": args.m, "labels": "random_once"}, data, args.root, 0
+    )
     data, aux = data.to(args.device), aux.to(args.device)
     model = build_model(args.model, data.in_shape, data.num_classes).to(args.device)
     engine = GradEngine(model, microbatch=500)
@@ -56,15 +65,30 @@ def main() -> None:
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        basis = fit_grouped_basis(Ga, groups, args.k, iters=args.iters, generator=gen, compute_dtype=dt)
+        basis = fit_grouped_basis(
+            Ga, groups, args.k, iters=args.iters, generator=gen, compute_dtype=dt
+        )
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         dt_ms = 1000 * (time.perf_counter() - t0)
-        rows.append((name, relative_error_of_mean(G, basis), row_relative_errors(G, basis).mean().item(), dt_ms))
-    head = (f"{args.model} on {args.dataset}, m={args.m} natural aux images, k={args.k}, t={args.iters}, "
-            f"grouping={args.grouping}, private batch n={args.n}, device={args.device}, untrained model")
-    lines = [f"**{head}**", "", "| precision | rel. projection error of the batch mean | mean per-example rel. error | fit ms |",
-             "|---|---:|---:|---:|"]
+        rows.append(
+            (
+                name,
+                relative_error_of_mean(G, basis),
+                row_relative_errors(G, basis).mean().item(),
+                dt_ms,
+            )
+        )
+    head = (
+        f"{args.model} on {args.dataset}, m={args.m} natural aux images, k={args.k}, t={args.iters}, "
+        f"grouping={args.grouping}, private batch n={args.n}, device={args.device}, untrained model"
+    )
+    lines = [
+        f"**{head}**",
+        "",
+        "| precision | rel. projection error of the batch mean | mean per-example rel. error | fit ms |",
+        "|---|---:|---:|---:|",
+    ]
     lines += [f"| {n} | {a:.4f} | {b:.4f} | {t:.0f} |" for n, a, b, t in rows]
     text = "\n".join(lines) + "\n"
     print(text)

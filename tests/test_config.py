@@ -128,7 +128,9 @@ def test_launcher_presets_compose(launcher, target):
 
 
 def test_missing_dataset_files_give_one_clear_error(tmp_path):
-    proc = run_cli("dataset=cifar10", f"data.root={tmp_path}", run_dir=tmp_path / "run", check=False)
+    proc = run_cli(
+        "dataset=cifar10", f"data.root={tmp_path}", run_dir=tmp_path / "run", check=False
+    )
     assert proc.returncode == 2
     assert "data_batch_1" in proc.stderr and "data.root" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -174,3 +174,25 @@ def test_multirun_over_two_epsilons(tmp_path):
     assert len(jobs) == 2
     eps = sorted(json.loads((p / "summary.json").read_text())["epsilon"] for p in jobs)
     assert eps[0] <= 1.0 < eps[1] <= 4.0
+
+
+@needs_shared
+@pytest.mark.slow
+def test_gep_resnet20_on_partial_cifar10(tmp_path):
+    res = train(
+        cfg_for(
+            "dataset=cifar10_subset",
+            "model=resnet20",
+            "mechanism=gep",
+            "aux=natural",
+            "aux.num_samples=64",
+            "mechanism.num_bases=32",
+            "train.batch_size=64",
+            "train.max_steps=3",
+            "grads.microbatch=32",
+            "train.eval_every=0",
+            "train.eval_batch_size=512",
+        ),
+        tmp_path,
+    )
+    assert res.steps == 3 and res.epsilon <= 2.0
