@@ -13,15 +13,14 @@ REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
 
 
-def shared_data() -> Path | None:
+def shared_data_root() -> Path:
+    """$DPSUB_DATA, else the ``shared/data`` folder beside the repository (may not exist)."""
     env = os.environ.get("DPSUB_DATA")
-    for cand in ([Path(env)] if env else []) + [REPO.parent / "shared" / "data"]:
-        if (cand / "MNIST" / "raw").is_dir():
-            return cand.resolve()
-    return None
+    return Path(env) if env else REPO.parent / "shared" / "data"
 
 
-SHARED = shared_data()
+SHARED_ROOT = shared_data_root()
+SHARED = SHARED_ROOT.resolve() if (SHARED_ROOT / "MNIST" / "raw").is_dir() else None
 needs_shared = pytest.mark.skipif(
     SHARED is None, reason="real data (../shared/data or DPSUB_DATA) not found"
 )

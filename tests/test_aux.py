@@ -4,7 +4,6 @@ auxiliary example is ever in the evaluation set or in the private training set."
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
 import types
@@ -27,18 +26,13 @@ from dpsub.data.aux import (
     convert_images,
 )
 
+from conftest import SHARED_ROOT
+
 CONF = Path(__file__).resolve().parents[1] / "conf" / "aux"
 NATURAL = Path("aux") / "tinyimagenet_val_32x32.npz"
 
 
-def _shared_data_root() -> Path:
-    env = os.environ.get("DPSUB_DATA")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-SHARED = _shared_data_root()
+SHARED = SHARED_ROOT
 
 
 def _require_natural() -> Path:

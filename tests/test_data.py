@@ -4,7 +4,6 @@ copies written in the real torchvision file formats."""
 
 from __future__ import annotations
 
-import os
 import pickle
 import urllib.error
 from pathlib import Path
@@ -16,15 +15,9 @@ import torchvision
 
 from dpsub.data import LOADERS, DatasetBundle, DatasetNotFoundError, load_dataset
 
+from conftest import SHARED_ROOT
 
-def _shared_data_root() -> Path:
-    env = os.environ.get("DPSUB_DATA")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-SHARED = _shared_data_root()
+SHARED = SHARED_ROOT
 
 
 def _require(*parts: str) -> Path:
