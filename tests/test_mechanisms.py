@@ -299,3 +299,18 @@ def test_gep_requires_aux_and_checks_k():
         m.setup(GradEngine(TinyNet()), None)
     with pytest.raises(ValueError, match="num_bases"):
         setup("gep", 1.0, num_bases=10_000, aux_m=64)
+
+
+def test_models_with_batchnorm_are_refused_for_private_training():
+    from dpsub.grads import check_private_model
+    from dpsub.models import MODELS, build_model
+
+    bn = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(10))
+    with pytest.raises(ValueError, match="BatchNorm"):
+        check_private_model(bn)
+    for name in MODELS:  # every shipped model passes
+        check_private_model(
+            build_model(
+                name, (3, 32, 32), 10, **({"depth": 10, "width": 1} if name == "wrn" else {})
+            )
+        )

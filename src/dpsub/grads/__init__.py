@@ -1,5 +1,21 @@
 """Per-example gradients (vectorized) and the flat parameter layout they use."""
 
-from dpsub.grads.engine import BACKENDS, Chunk, GradEngine, ParamLayout, clip_rows, clipped_sum
+from dpsub.grads.engine import (
+    BACKENDS,
+    Chunk,
+    GradEngine,
+    ParamLayout,
+    check_private_model,
+    clip_rows,
+    clipped_sum,
+)
 
-__all__ = ["BACKENDS", "Chunk", "GradEngine", "ParamLayout", "clip_rows", "clipped_sum"]
+__all__ = [
+    "BACKENDS",
+    "Chunk",
+    "GradEngine",
+    "ParamLayout",
+    "check_private_model",
+    "clip_rows",
+    "clipped_sum",
+]

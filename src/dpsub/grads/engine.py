@@ -162,6 +162,23 @@ class GradEngine:
         return Chunk((total / n)[None], torch.cat(losses), torch.cat(corrects))
 
 
+def check_private_model(model: nn.Module) -> None:
+    """Refuse models through which private data reaches the output unclipped.
+
+    BatchNorm mixes examples in a batch and its running statistics are updated from
+    private data outside any clipping, so neither per-example clipping nor the
+    accountant covers them. Use GroupNorm (every dpsub model does).
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) or getattr(
+            module, "track_running_stats", False
+        ):
+            raise ValueError(
+                f"model: module {name!r} ({type(module).__name__}) keeps statistics of private "
+                "batches outside clipping; private training needs GroupNorm/LayerNorm instead"
+            )
+
+
 def clip_rows(g: torch.Tensor, bound: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale every row of ``g`` to L2 norm at most ``bound``.
 

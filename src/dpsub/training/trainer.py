@@ -24,7 +24,7 @@ from dpsub.config import check_against_data, validate
 from dpsub.data import load_dataset
 from dpsub.data.aux import build_aux
 from dpsub.data.sampling import build_sampler
-from dpsub.grads import GradEngine
+from dpsub.grads import GradEngine, check_private_model
 from dpsub.logging import RunLogger
 from dpsub.mechanisms import StepContext, build_mechanism
 from dpsub.models import build_model, count_parameters
@@ -150,6 +150,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> RunResult:
     else:
         z = calibrate_noise(p.epsilon, p.delta, q, total_steps, p.accountant)
     mechanism = build_mechanism(mech_name, z, **kcfg)
+    if mechanism.private:
+        check_private_model(model)
     mechanism.setup(engine, aux)
     ledger = PrivacyLedger(
         delta=p.delta,
