@@ -24,7 +24,7 @@ def load(run: Path) -> tuple[str, list[dict]]:
     label = run.name
     if (run / "config.yaml").exists():
         cfg = OmegaConf.load(run / "config.yaml")
-        label = f"{cfg.mechanism.name} ({cfg.dataset.name}, eps={cfg.privacy.epsilon})"
+        label = f"{cfg.mechanism.name} ({cfg.dataset.name}, eps={cfg.privacy.epsilon}, lr={cfg.optim.lr})"
     return label, rows
 
 
