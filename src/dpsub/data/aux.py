@@ -405,30 +405,28 @@ def _load_cifar100(
     return x, torch.from_numpy(labels[idx]), data
 
 
+def _split_off(
+    data: DatasetBundle, split: str, num_samples: int, generator: torch.Generator, what: str
+) -> _Sample:
+    """Take a class-balanced slice of ``split`` ("train" / "test") and remove it from ``data``."""
+    xs, ys = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+    _check_count(num_samples, len(ys) - 1, f"the {split} split of {data.name} ({what})")
+    idx = _balanced_pick(ys, num_samples, data.num_classes, generator)
+    keep = _complement(len(ys), idx)
+    rest = dataclasses.replace(data, **{f"{split}_x": xs[keep], f"{split}_y": ys[keep]})
+    return xs[idx].clone(), ys[idx].clone(), rest
+
+
 def _load_heldout_test(
     data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path
 ) -> _Sample:
-    n = len(data.test_y)
-    _check_count(num_samples, n - 1, f"the test split of {data.name} (leaving >= 1 to evaluate on)")
-    idx = _balanced_pick(data.test_y, num_samples, data.num_classes, generator)
-    keep = _complement(n, idx)
-    x, y = data.test_x[idx].clone(), data.test_y[idx].clone()
-    rest = dataclasses.replace(data, test_x=data.test_x[keep], test_y=data.test_y[keep])
-    return x, y, rest
+    return _split_off(data, "test", num_samples, generator, "leaving >= 1 to evaluate on")
 
 
 def _load_public_train(
     data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path
 ) -> _Sample:
-    n = len(data.train_y)
-    _check_count(
-        num_samples, n - 1, f"the train split of {data.name} (leaving >= 1 private example)"
-    )
-    idx = _balanced_pick(data.train_y, num_samples, data.num_classes, generator)
-    keep = _complement(n, idx)
-    x, y = data.train_x[idx].clone(), data.train_y[idx].clone()
-    rest = dataclasses.replace(data, train_x=data.train_x[keep], train_y=data.train_y[keep])
-    return x, y, rest
+    return _split_off(data, "train", num_samples, generator, "leaving >= 1 private example")
 
 
 def _load_gaussian(
