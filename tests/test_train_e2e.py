@@ -196,3 +196,14 @@ def test_gep_resnet20_on_partial_cifar10(tmp_path):
         tmp_path,
     )
     assert res.steps == 3 and res.epsilon <= 2.0
+
+
+def test_prv_accountant_and_shuffle_sampling_run(tmp_path):
+    res = train(
+        cfg_for(*DEMO, "privacy.accountant=prv", "privacy.sampling=shuffle", "train.max_steps=6"),
+        tmp_path,
+    )
+    assert res.steps == 6 and 2.9 < res.epsilon <= 3.0
+    metrics = read_metrics(tmp_path)
+    assert any("epsilon_rdp" in m for m in metrics)  # cheap RDP value between PRV evaluations
+    assert all(m["train/batch_size"] == 256 for m in metrics if "train/batch_size" in m)
