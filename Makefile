@@ -5,7 +5,7 @@ UV := python3 -m uv
 endif
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all lint format bench clean
+.PHONY: setup demo test test-all lint format bench results clean
 
 setup:  ## install uv if missing, then the locked environment (.venv)
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -30,6 +30,9 @@ format: setup
 
 bench: setup  ## step time / memory of every mechanism vs non-private training
 	$(UV) run --frozen python scripts/bench.py --models mnist_cnn resnet20
+
+results: setup  ## the CPU runs behind results/README.md (reduced GEP-paper setting, ~25 min)
+	bash scripts/run_cpu_results.sh
 
 clean:
 	rm -rf outputs/runs outputs/multirun .pytest_cache
