@@ -34,8 +34,16 @@ def main() -> None:
     )
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, default=Path("runs.png"))
+    ap.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        help="also plot this metrics.jsonl key against steps (e.g. mech/projection_error)",
+    )
     args = ap.parse_args()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    n = 2 + len(args.metric)
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4))
+    ax1, ax2 = axes[0], axes[1]
     for run in args.runs:
         label, rows = load(run)
         ev = [r for r in rows if "test/accuracy" in r]
@@ -50,9 +58,14 @@ def main() -> None:
                 marker=".",
                 label=label,
             )
+        for ax, key in zip(axes[2:], args.metric, strict=True):
+            pts = [r for r in rows if isinstance(r.get(key), (int, float))]
+            ax.plot([r["step"] for r in pts], [r[key] for r in pts], label=label)
     ax1.set(xlabel="step", ylabel="test accuracy (%)", title="accuracy vs steps")
     ax2.set(xlabel="epsilon spent", ylabel="test accuracy (%)", title="accuracy vs privacy spent")
-    for ax in (ax1, ax2):
+    for ax, key in zip(axes[2:], args.metric, strict=True):
+        ax.set(xlabel="step", ylabel=key, title=key)
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
