@@ -26,14 +26,8 @@ needs_shared = pytest.mark.skipif(
 )
 
 
-def run_cli(
-    *overrides: str,
-    run_dir: Path | None = None,
-    timeout: int = 600,
-    check: bool = True,
-    env: dict | None = None,
-) -> subprocess.CompletedProcess:
-    """Run ``python -m dpsub.train`` with overrides (W&B disabled unless overridden)."""
+def cli_command(*overrides: str, run_dir: Path | None = None, env: dict | None = None):
+    """argv and environment for ``python -m dpsub.train`` (W&B disabled unless overridden)."""
     flags = [o for o in overrides if o.startswith("-")]
     args = [
         sys.executable,
@@ -49,6 +43,18 @@ def run_cli(
     full_env = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
     if SHARED is not None:
         full_env.setdefault("DPSUB_DATA", str(SHARED))
+    return args, full_env
+
+
+def run_cli(
+    *overrides: str,
+    run_dir: Path | None = None,
+    timeout: int = 600,
+    check: bool = True,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
+    """Run ``python -m dpsub.train`` with overrides and wait for it."""
+    args, full_env = cli_command(*overrides, run_dir=run_dir, env=env)
     proc = subprocess.run(
         args, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=full_env
     )

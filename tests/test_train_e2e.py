@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import dpsub.train  # noqa: F401  (registers the run-dir resolver)
 from dpsub.logging import read_metrics
 from dpsub.training.trainer import train
 
-from conftest import CONF_DIR, REPO, SHARED, needs_shared, run_cli
+from conftest import CONF_DIR, REPO, SHARED, cli_command, needs_shared, run_cli
 
 
 def cfg_for(*overrides: str, data_root: Path | None = None):
@@ -129,16 +127,7 @@ def test_kill_and_resume_reaches_the_same_run(tmp_path):
     reference = train(cfg_for(*overrides), tmp_path / "ref")
 
     run_dir = tmp_path / "killed"
-    args = [
-        sys.executable,
-        "-m",
-        "dpsub.train",
-        "logger.mode=disabled",
-        "train.progress=false",
-        f"hydra.run.dir={run_dir}",
-        *overrides,
-    ]
-    env = {**os.environ, "DPSUB_DATA": str(SHARED or "./data")}
+    args, env = cli_command(*overrides, run_dir=run_dir)
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     ckpt, deadline = run_dir / "checkpoint.pt", time.time() + 300
     while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
