@@ -45,7 +45,6 @@ class-balanced subsets (as balanced as the class counts allow).
 from __future__ import annotations
 
 import dataclasses
-import pickle
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +54,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dpsub.data.datasets import DatasetBundle, DatasetNotFoundError
+from dpsub.data.datasets import DatasetBundle, DatasetNotFoundError, _unpickle
 
 __all__ = [
     "AUX_DEFAULTS",
@@ -355,11 +354,6 @@ def _load_natural(
     idx = _random_pick(len(images), num_samples, generator).numpy()
     x = torch.from_numpy(np.ascontiguousarray(images[idx])).permute(0, 3, 1, 2)
     return convert_images(x, data.in_shape, data.mean, data.std), None, data
-
-
-def _unpickle(path: Path) -> dict:
-    with open(path, "rb") as f:
-        return pickle.load(f, encoding="latin1")
 
 
 def _get(d: dict, key: str):

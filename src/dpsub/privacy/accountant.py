@@ -129,7 +129,9 @@ class PrivacyLedger:
                 f"privacy.accountant must be one of {ACCOUNTANTS}, got {self.accountant!r}"
             )
         self._rdp = np.zeros(len(DEFAULT_ORDERS))
-        self._cache: tuple[int, float] | None = None
+        self._cache: tuple[int, float] | None = None  # (steps, PRV epsilon)
+        self._rdp_eps: tuple[int, float] | None = None  # (steps, RDP epsilon)
+        self._pending: tuple[tuple[float, float], float] | None = None  # can_step's answer
         for z, q, n in self.history:
             if math.isfinite(z):
                 self._rdp += _rdp_curve(z, q) * n
@@ -151,6 +153,9 @@ class PrivacyLedger:
         if math.isfinite(z):
             self._rdp += _rdp_curve(z, q)
         self._cache = None
+        # can_step already computed the RDP epsilon after this very step: reuse it
+        pending, self._pending = self._pending, None
+        self._rdp_eps = (self.steps, pending[1]) if pending and pending[0] == (z, q) else None
 
     def can_step(self, noise_multiplier: float, sample_rate: float) -> bool:
         """Would one more step with (z, q) keep epsilon within the budget?"""
@@ -158,7 +163,9 @@ class PrivacyLedger:
         if not math.isfinite(self.budget) or not math.isfinite(z):
             return True
         if self.accountant == "rdp":
-            return _rdp_to_eps(self._rdp + _rdp_curve(z, q), self.delta) <= self.budget + 1e-9
+            eps = _rdp_to_eps(self._rdp + _rdp_curve(z, q), self.delta)
+            self._pending = ((z, q), eps)
+            return eps <= self.budget + 1e-9
         # PRV: inside the calibrated plan the answer is known; otherwise ask PRV.
         if self.planned is not None:
             pz, pq, pn = self.planned
@@ -172,7 +179,9 @@ class PrivacyLedger:
         """Epsilon spent so far (cached per step count)."""
         acc = accountant or self.accountant
         if acc == "rdp":
-            return _rdp_to_eps(self._rdp, self.delta)
+            if self._rdp_eps is None or self._rdp_eps[0] != self.steps:
+                self._rdp_eps = (self.steps, _rdp_to_eps(self._rdp, self.delta))
+            return self._rdp_eps[1]
         if self._cache is not None and self._cache[0] == self.steps:
             return self._cache[1]
         eps = epsilon_for(self.history, self.delta, "prv", self.eps_error)
