@@ -18,9 +18,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from dpsub.errors import ConfigError
 
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the key."""
+__all__ = ["ConfigError", "validate", "check_against_data"]
 
 
 @dataclass

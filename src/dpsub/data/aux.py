@@ -54,7 +54,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dpsub.data.datasets import DatasetBundle, DatasetNotFoundError, _unpickle
+from dpsub.data.datasets import DatasetBundle, _unpickle
+from dpsub.errors import ConfigError, DatasetNotFoundError
 
 __all__ = [
     "AUX_DEFAULTS",
@@ -145,8 +146,6 @@ _SOURCE_CLASSES = {"cifar100": 100}
 
 
 def _config_error(msg: str) -> ValueError:
-    from dpsub.config import ConfigError
-
     return ConfigError(msg)
 
 

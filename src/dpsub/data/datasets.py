@@ -36,6 +36,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dpsub.errors import DatasetNotFoundError
+
 __all__ = [
     "DatasetBundle",
     "DatasetNotFoundError",
@@ -90,10 +92,6 @@ class DatasetBundle:
             f"{self.name}: train {len(self.train_y)}, test {len(self.test_y)}, "
             f"shape {c}x{h}x{w}, {self.num_classes} classes"
         )
-
-
-class DatasetNotFoundError(FileNotFoundError):
-    """The dataset files are not under the data root (and could not be downloaded)."""
 
 
 @dataclass

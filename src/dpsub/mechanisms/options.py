@@ -1,0 +1,136 @@
+"""Every mechanism's declaration: its options, their ranges, and what it needs.
+
+This module imports nothing heavy (no torch), so the config validator can check a
+mechanism's options in well under a second, before anything is created. Each
+mechanism class is linked to its declaration by name (``@register(name)`` in
+:mod:`dpsub.mechanisms.base`), and ``conf/mechanism/<name>.yaml`` holds exactly the
+declared options (a test checks both).
+
+To declare a mechanism::
+
+    @declare("mine", needs_aux=True)
+    @dataclass
+    class MineOptions:
+        clip: float = opt(1.0, gt=0, help="C: per-example gradient norm bound")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpsub.errors import ConfigError
+
+__all__ = ["SPECS", "MechanismSpec", "declare", "opt", "parse_options"]
+
+
+def opt(default: Any, *, gt=None, ge=None, le=None, choices=None, help: str = ""):
+    """A declared option: default, range (gt/ge/le), allowed values and a one-line help."""
+    meta = {"gt": gt, "ge": ge, "le": le, "choices": choices, "help": help}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class MechanismSpec:
+    name: str
+    options: type
+    private: bool = True
+    needs_aux: bool = False
+    summary: str = ""
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(self.options))
+
+
+SPECS: dict[str, MechanismSpec] = {}
+
+
+def declare(name: str, *, private: bool = True, needs_aux: bool = False):
+    def deco(cls: type) -> type:
+        doc = (cls.__doc__ or "").strip().splitlines()
+        SPECS[name] = MechanismSpec(name, cls, private, needs_aux, doc[0] if doc else "")
+        return cls
+
+    return deco
+
+
+def _check(key: str, value: Any, f: dataclasses.Field) -> Any:
+    m = f.metadata
+    if f.default is not None:
+        expected = type(f.default)
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
+            raise ConfigError(f"{key}: must be of type {expected.__name__}, got {value!r}")
+    if m.get("choices") is not None and value not in m["choices"]:
+        raise ConfigError(f"{key}: must be one of {list(m['choices'])}, got {value!r}")
+    if m.get("gt") is not None and not value > m["gt"]:
+        raise ConfigError(f"{key}: must be > {m['gt']}, got {value!r}")
+    if m.get("ge") is not None and not value >= m["ge"]:
+        raise ConfigError(f"{key}: must be >= {m['ge']}, got {value!r}")
+    if m.get("le") is not None and not value <= m["le"]:
+        raise ConfigError(f"{key}: must be <= {m['le']}, got {value!r}")
+    return value
+
+
+def parse_options(name: str, options: dict[str, Any], prefix: str = "mechanism") -> Any:
+    """The declared options object of mechanism ``name``; ConfigError naming a bad key."""
+    if name not in SPECS:
+        raise ConfigError(f"{prefix}.name: unknown mechanism {name!r}; choose from {sorted(SPECS)}")
+    spec = SPECS[name]
+    fields = {f.name: f for f in dataclasses.fields(spec.options)}
+    values = {}
+    for key, value in options.items():
+        if key not in fields:
+            raise ConfigError(
+                f"{prefix}.{key}: unknown option for mechanism {name}; valid options: "
+                f"{sorted(fields)}"
+            )
+        values[key] = _check(f"{prefix}.{key}", value, fields[key])
+    return spec.options(**values)
+
+
+# ------------------------------------------------------------------ mechanisms
+@declare("nonprivate", private=False)
+@dataclass
+class NonPrivateOptions:
+    """Ordinary SGD on the mean gradient: no clipping, no noise, epsilon = inf."""
+
+
+@declare("dpsgd")
+@dataclass
+class DPSGDOptions:
+    """DP-SGD: clip each example's gradient to C, sum, add N(0, z^2 C^2 I)."""
+
+    clip: float = opt(1.0, gt=0, help="C: per-example gradient norm bound")
+
+
+GROUPINGS = ("stages", "chunks", "tensors", "flat")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+@declare("bgep", needs_aux=True)
+@dataclass
+class BGEPOptions:
+    """B-GEP: release only the noisy anchor-subspace embedding (std z S1)."""
+
+    num_bases: int = opt(1000, ge=1, help="k, split over groups by sqrt(group size)")
+    clip_embedding: float = opt(10.0, gt=0, help="S1 (paper 10; official code 5)")
+    power_iters: int = opt(1, ge=1, help="t, power iterations per subspace")
+    grouping: str = opt("stages", choices=GROUPINGS, help="parameter groups, one basis each")
+    num_groups: int = opt(3, ge=1, help="groups of grouping=chunks (official code: 3)")
+    precision: str = opt("fp32", choices=PRECISIONS, help="power-iteration matmul precision")
+    subspace_every: int = opt(1, ge=1, help="recompute the anchor subspace every N steps")
+    diagnostics_every: int = opt(
+        50, ge=0, help="steps between private diagnostics (privacy.private_diagnostics only)"
+    )
+
+
+@declare("gep", needs_aux=True)
+@dataclass
+class GEPOptions(BGEPOptions):
+    """GEP: noisy embedding (std z sqrt2 S1) and noisy residual (std z sqrt2 S2)."""
+
+    clip_residual: float = opt(2.0, gt=0, help="S2")
