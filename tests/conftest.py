@@ -37,8 +37,8 @@ def cli_command(*overrides: str, run_dir: Path | None = None, env: dict | None =
         "logger.mode=disabled",
         "train.progress=false",
     ]
-    if run_dir is not None:
-        args.append(f"hydra.run.dir={run_dir}")
+    if run_dir is not None and not any(o.startswith("resume=") for o in overrides):
+        args.append(f"out_dir={run_dir}")
     args += [o for o in overrides if not o.startswith("-")]
     full_env = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
     if SHARED is not None:
@@ -63,3 +63,34 @@ def run_cli(
             f"dpsub.train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
     return proc
+
+
+def compose_cfg(*overrides: str, data_root: Path | None = None):
+    """The composed config (``conf/config.yaml`` + overrides), W&B and progress bar off."""
+    from hydra import compose, initialize_config_dir
+
+    import dpsub.train  # noqa: F401  (resolvers)
+
+    root = data_root or SHARED or Path("./data")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(
+            config_name="config",
+            overrides=[
+                f"data.root={root}",
+                "logger.mode=disabled",
+                "train.progress=false",
+                *overrides,
+            ],
+        )
+
+
+#: A small synthetic private set (no files): quick runs of the real loop.
+SYNTH = (
+    "dataset=synthetic",
+    "dataset.synthetic.n_train=400",
+    "dataset.synthetic.n_test=100",
+    "train.batch_size=64",
+    "train.epochs=1",
+    "train.eval_every=0",
+    "optim.lr=0.5",
+)

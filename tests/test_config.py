@@ -50,8 +50,8 @@ def test_compose_every_dataset_model_mechanism(dataset, mechanism):
         net = build_model(mcfg.pop("name"), SHAPES[dataset], 10, **mcfg)
         assert sum(p.numel() for p in net.parameters()) > 0
         kcfg = OmegaConf.to_container(cfg.mechanism)
-        mech = build_mechanism(kcfg.pop("name"), 1.0, **kcfg)
-        assert mech.effective_noise_multiplier() > 0
+        mech = build_mechanism(kcfg.pop("name"), **kcfg)
+        assert mech.name == mechanism
 
 
 @pytest.mark.parametrize("group", ["aux", "optim", "logger", "privacy"])
@@ -60,10 +60,61 @@ def test_compose_other_groups(group):
         validate(composed(f"{group}={opt}"))
 
 
-def test_experiments_compose():
-    for exp in options("experiment"):
-        with initialize_config_dir(config_dir=str(CONF_DIR / "experiment"), version_base="1.3"):
-            validate(compose(config_name=exp, overrides=[f"hydra.searchpath=[file://{CONF_DIR}]"]))
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_experiments_compose_as_an_ordinary_group(experiment):
+    cfg = composed(f"experiment={experiment}")
+    validate(cfg)
+    assert cfg.run_name != "${dataset.name}-${model.name}-${mechanism.name}"
+
+
+def test_mechanism_yaml_holds_exactly_the_declared_options():
+    from dpsub.mechanisms import MECHANISMS
+    from dpsub.mechanisms.options import SPECS
+
+    assert set(MECHANISMS) == set(SPECS)
+    for name, spec in SPECS.items():
+        path = CONF_DIR / "mechanism" / f"{name}.yaml"
+        assert path.exists(), path
+        keys = set(OmegaConf.load(path)) - {"name", "defaults"}
+        assert keys == set(spec.option_names), name
+
+
+def test_dataset_names_match_the_loaders():
+    from dpsub.data import LOADERS
+    from dpsub.data.names import DATASETS
+
+    assert (
+        set(DATASETS)
+        == set(LOADERS)
+        == {OmegaConf.load(p).name for p in (CONF_DIR / "dataset").glob("*.yaml")}
+    )
+
+
+def test_model_names_match_the_registry():
+    from dpsub.models import MODELS
+
+    assert {OmegaConf.load(p).name for p in (CONF_DIR / "model").glob("*.yaml")} == set(MODELS)
+
+
+def test_an_invalid_config_fails_before_torch_is_imported(tmp_path):
+    """Validation imports nothing heavy: the error comes in well under the 3 s torch costs."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "dpsub.train", "privacy.epsilon=-1",
+         "mechanism.clip=0.5", f"out_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "privacy.epsilon: must be > 0" in proc.stderr
+    imported = [
+        line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "import time" in line
+    ]
+    assert "torch" not in imported and "opacus" not in imported
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(
@@ -86,7 +137,6 @@ def test_experiments_compose():
         ("mechanism.name=magic", "mechanism.name"),
         ("mechanism.clip=-1", "mechanism.clip"),
         ("+mechanism.clipp=1.0", "mechanism.clipp"),
-        ("+model.depthh=3", "model.depthh"),
         ("+train.foo=1", "train.foo"),
         ("logger.mode=loud", "logger.mode"),
     ],
@@ -103,11 +153,13 @@ def test_bad_values_name_the_key(override, key):
 
 
 def test_cli_errors_before_training(tmp_path):
-    # batch larger than the dataset: needs the data, still fails before any step
+    # batch larger than the dataset: needs the data, still fails before anything is written
     proc = run_cli("train.batch_size=5000", run_dir=tmp_path / "a", check=False)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert "train.batch_size" in proc.stderr and "1437" in proc.stderr
-    assert not (tmp_path / "a" / "checkpoint.pt").exists()
+    assert not (tmp_path / "a").exists()
+    proc = run_cli("+model.depthh=3", run_dir=tmp_path / "m", check=False)
+    assert proc.returncode == 2 and "depthh" in proc.stderr and not (tmp_path / "m").exists()
     # unknown key: Hydra refuses it and names it
     proc = run_cli("train.epochz=3", run_dir=tmp_path / "b", check=False)
     assert proc.returncode != 0 and "epochz" in proc.stderr

@@ -1,4 +1,4 @@
-"""End-to-end runs: real data, resume after a kill, W&B offline files, Hydra multirun."""
+"""End-to-end runs: real data, resume after a kill, what the logs may hold, Hydra multirun."""
 
 from __future__ import annotations
 
@@ -9,28 +9,15 @@ import time
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+import torch
 
-import dpsub.train  # noqa: F401  (registers the run-dir resolver)
 from dpsub.logging import read_metrics
+from dpsub.privacy import epsilon_for
 from dpsub.training.trainer import train
 
-from conftest import CONF_DIR, REPO, SHARED, cli_command, needs_shared, run_cli
+from conftest import REPO, cli_command, compose_cfg, needs_shared, run_cli
 
-
-def cfg_for(*overrides: str, data_root: Path | None = None):
-    root = data_root or SHARED or Path("./data")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(
-            config_name="config",
-            overrides=[
-                f"data.root={root}",
-                "logger.mode=disabled",
-                "train.progress=false",
-                *overrides,
-            ],
-        )
-
+cfg_for = compose_cfg
 
 DEMO = (
     "train.epochs=4",
@@ -42,6 +29,13 @@ DEMO = (
     "train.log_every=2",
 )
 
+#: What the logs may hold by default: released quantities, epsilon, test metrics, settings.
+COVERED = {
+    "step", "epsilon", "epsilon_rdp", "epsilon_nominal", "epsilon_nominal_rdp", "test/accuracy",
+    "test/loss", "lr", "z_eff", "steps_per_s",
+}  # fmt: skip
+COVERED_MECH = {"mech/noise_std", "mech/noise_std_embedding", "mech/noise_std_residual"}
+
 
 def test_digits_dpsgd_learns_and_spends_exactly_the_budget(tmp_path):
     res = train(cfg_for(*DEMO), tmp_path)
@@ -50,10 +44,28 @@ def test_digits_dpsgd_learns_and_spends_exactly_the_budget(tmp_path):
     assert res.test_accuracy > 0.4  # 10 classes: chance is 0.1
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["epsilon"] == pytest.approx(res.epsilon)
-    metrics = read_metrics(tmp_path)
-    eps = [m["epsilon"] for m in metrics if "epsilon" in m]
+    assert summary["covered_by_epsilon"] is True
+    eps = [m["epsilon"] for m in read_metrics(tmp_path) if "epsilon" in m]
     assert eps == sorted(eps)  # spent epsilon only grows
     assert (tmp_path / "config.yaml").exists()
+    log = (tmp_path / "train.log").read_text()
+    assert "eval step" in log and "final: test accuracy" in log  # not only the header
+
+
+def test_default_logs_hold_only_what_epsilon_covers(tmp_path):
+    train(cfg_for(*DEMO, "train.max_steps=6"), tmp_path / "default")
+    for m in read_metrics(tmp_path / "default"):
+        assert set(m) <= COVERED | COVERED_MECH, set(m) - COVERED - COVERED_MECH
+    summary = json.loads((tmp_path / "default" / "summary.json").read_text())
+    assert not any("train" in k or "private" in k for k in summary)
+    # opt-in: the private statistics appear under private/ and the run says it is not covered
+    train(cfg_for(*DEMO, "train.max_steps=6", "privacy.private_diagnostics=true"), tmp_path / "opt")
+    keys = set().union(*map(set, read_metrics(tmp_path / "opt")))
+    assert {"private/train_loss", "private/batch_size", "private/clip_fraction"} <= keys
+    assert (
+        json.loads((tmp_path / "opt" / "summary.json").read_text())["covered_by_epsilon"] is False
+    )
+    assert "NOT covered" in (tmp_path / "opt" / "train.log").read_text()
 
 
 def test_nonprivate_reports_infinite_epsilon(tmp_path):
@@ -62,10 +74,15 @@ def test_nonprivate_reports_infinite_epsilon(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["epsilon"] == "inf"
 
 
-def test_budget_stops_training_when_fixed_noise_is_too_small(tmp_path):
+def test_budget_stops_at_the_largest_step_count_under_the_budget(tmp_path):
     res = train(cfg_for(*DEMO, "privacy.noise_multiplier=0.8", "train.epochs=20"), tmp_path)
-    assert res.stopped_by_budget and res.epsilon <= 3.0
-    assert res.steps < round(20 / (256 / 1437))
+    q = 256 / 1437
+    assert res.stopped_by_budget
+    assert (
+        epsilon_for([(0.8, q, res.steps)], 1e-5)
+        <= 3.0
+        < epsilon_for([(0.8, q, res.steps + 1)], 1e-5)
+    )
 
 
 @needs_shared
@@ -88,7 +105,7 @@ def test_dpsgd_on_real_mnist(tmp_path):
 
 
 @needs_shared
-def test_gep_on_real_mnist_with_natural_aux(tmp_path):
+def test_gep_on_real_mnist_with_natural_aux_and_private_diagnostics(tmp_path):
     res = train(
         cfg_for(
             "dataset=mnist",
@@ -97,6 +114,7 @@ def test_gep_on_real_mnist_with_natural_aux(tmp_path):
             "aux.num_samples=300",
             "mechanism.num_bases=100",
             "mechanism.diagnostics_every=5",
+            "privacy.private_diagnostics=true",
             "train.batch_size=256",
             "train.max_steps=12",
             "optim.lr=0.5",
@@ -107,84 +125,213 @@ def test_gep_on_real_mnist_with_natural_aux(tmp_path):
     )
     assert res.steps == 12 and res.epsilon <= 2.0
     metrics = read_metrics(tmp_path)
-    errs = [m["mech/projection_error"] for m in metrics if "mech/projection_error" in m]
+    errs = [
+        m["private/mech/projection_error"] for m in metrics if "private/mech/projection_error" in m
+    ]
     assert errs and all(0 < e < 1.5 for e in errs)
-    assert any("mech/stable_rank_residual" in m for m in metrics)
+    assert any("private/mech/stable_rank_residual" in m for m in metrics)
 
 
-def test_wandb_offline_run_holds_the_metrics(tmp_path):
-    train(cfg_for(*DEMO, "logger.mode=offline", "train.max_steps=4"), tmp_path)
-    runs = list((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1
-    blob = b"".join(p.read_bytes() for p in runs[0].glob("*.wandb"))
-    for key in (b"test/accuracy", b"epsilon", b"train/loss"):
-        assert key in blob, key
+# ------------------------------------------------------------ kill and resume
+RESUME_RUNS = {
+    "dpsgd": (*DEMO, "train.epochs=12", "train.checkpoint_every=5", "train.eval_every=0", "train.log_every=1"),
+    "gep": (
+        *DEMO, "train.epochs=6", "train.checkpoint_every=5", "train.eval_every=0", "train.log_every=1",
+        "mechanism=gep", "aux=gaussian", "aux.num_samples=64", "mechanism.num_bases=16",
+        "mechanism.subspace_every=3",  # the basis is mid-window at every checkpoint (5, 10, ...)
+    ),
+}  # fmt: skip
 
 
-def test_kill_and_resume_reaches_the_same_run(tmp_path):
-    """SIGTERM mid-run, resume from the checkpoint: same steps, same epsilon, same model."""
-    overrides = (*DEMO, "train.epochs=12", "train.checkpoint_every=5", "train.eval_every=0")
-    reference = train(cfg_for(*overrides), tmp_path / "ref")
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """Uninterrupted runs, one per mechanism, made once."""
+    cache = {}
 
-    run_dir = tmp_path / "killed"
+    def get(mech):
+        if mech not in cache:
+            cache[mech] = train(cfg_for(*RESUME_RUNS[mech]), tmp_path_factory.mktemp(f"ref-{mech}"))
+        return cache[mech]
+
+    return get
+
+
+def wait_for(cond, proc, what: str, timeout: float = 600):
+    """Poll ``cond`` (no fixed sleep stands in for it) while the run is alive."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert proc.poll() is None, f"the run ended before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def kill_mid_run(run_dir: Path, overrides, sig: int) -> int:
+    """Start a run, kill it with ``sig`` between checkpoints; return the checkpoint's step."""
     args, env = cli_command(*overrides, run_dir=run_dir)
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    ckpt, deadline = run_dir / "checkpoint.pt", time.time() + 300
-    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 128 + signal.SIGTERM, err.decode()[-2000:]
-    import torch
+    ckpt = run_dir / "checkpoint.pt"
+    wait_for(ckpt.exists, proc, "the first checkpoint")
+    saved = torch.load(ckpt, weights_only=False)["state"]["step"]
+    # past the checkpoint: SIGKILL then loses steps that must be replayed on resume
+    wait_for(lambda: max(logged_steps(run_dir), default=0) >= saved + 2, proc, "two more steps")
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=600)
+    expected = 128 + sig if sig == signal.SIGTERM else -sig
+    assert proc.returncode == expected, err.decode()[-2000:]
+    return torch.load(ckpt, weights_only=False)["state"]["step"]
 
-    killed_at = torch.load(ckpt, weights_only=False)["step"]
+
+@pytest.mark.parametrize(
+    "mech,sig",
+    [
+        ("dpsgd", signal.SIGTERM),
+        ("dpsgd", signal.SIGKILL),
+        ("gep", signal.SIGTERM),
+        ("gep", signal.SIGKILL),
+    ],
+)
+def test_kill_and_resume_reaches_the_same_run(tmp_path, references, mech, sig):
+    """Killed mid-run and resumed: same steps, epsilon and model as an uninterrupted run."""
+    reference = references(mech)
+    run_dir = tmp_path / "killed"
+    killed_at = kill_mid_run(run_dir, RESUME_RUNS[mech], sig)
     assert 0 < killed_at < reference.steps
-
-    run_cli(f"resume={run_dir}", *overrides, check=True)
+    config_before = (run_dir / "config.yaml").read_text()
+    run_cli(f"resume={run_dir}", check=True)  # the run's own config, no overrides needed
+    assert (run_dir / "config.yaml").read_text() == config_before
     final = json.loads((run_dir / "summary.json").read_text())
     assert final["steps"] == reference.steps
     assert final["epsilon"] == pytest.approx(reference.epsilon, rel=1e-9)
     assert final["test_accuracy"] == pytest.approx(reference.test_accuracy, abs=1e-9)
-    ledger = torch.load(ckpt, weights_only=False)["ledger"]
-    assert sum(n for _, _, n in ledger["history"]) == reference.steps  # each step counted once
-    steps_logged = [m["step"] for m in read_metrics(run_dir) if "train/loss" in m]
-    assert len(steps_logged) == len(set(steps_logged))  # no duplicated lines after resume
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=False)["state"]
+    assert sum(n for _, _, n in state["ledger"]["history"]) == reference.steps  # counted once
+    lines = [m["step"] for m in read_metrics(run_dir) if "z_eff" in m]
+    assert lines == list(range(1, reference.steps + 1))  # each step logged once after resume
 
 
-def test_multirun_over_two_epsilons(tmp_path):
+def test_secure_mode_resume_charges_the_lost_steps_again(tmp_path, references):
+    """os.urandom noise cannot be replayed: the steps after the checkpoint are new releases."""
+    overrides = (*RESUME_RUNS["dpsgd"], "privacy.rng=secure")
+    run_dir = tmp_path / "secure"
+    killed_at = kill_mid_run(run_dir, overrides, signal.SIGKILL)
+    journal = json.loads((run_dir / "ledger.json").read_text())
+    charged = sum(n for _, _, n in journal["history"])
+    assert charged >= max(logged_steps(run_dir))  # persisted before each release left
+    assert charged > killed_at
+    run_cli(f"resume={run_dir}", check=True)
+    final = json.loads((run_dir / "summary.json").read_text())
+    ledger = torch.load(run_dir / "checkpoint.pt", weights_only=False)["state"]["ledger"]
+    assert sum(n for _, _, n in ledger["history"]) > final["steps"]  # over-counted, never under
+    assert final["epsilon"] > references("dpsgd").epsilon or final["stopped_by_budget"]
+
+
+def test_secure_noise_is_not_reproducible_from_the_config(tmp_path):
+    a = train(cfg_for(*DEMO, "train.max_steps=3", "privacy.rng=secure"), tmp_path / "a")
+    b = train(cfg_for(*DEMO, "train.max_steps=3", "privacy.rng=secure"), tmp_path / "b")
+    wa = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["state"]["model"]
+    wb = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["state"]["model"]
+    assert not all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert a.epsilon == b.epsilon
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A short finished run, made once; tests copy it."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    run_cli(*DEMO, "train.max_steps=4", run_dir=run_dir)
+    return run_dir
+
+
+def copy_run(src: Path, dst: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(src, dst))
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "privacy.delta=1e-3",
+        "privacy.epsilon=7",
+        "privacy.accountant=prv",
+        "mechanism.clip=0.5",
+        "optim.lr=0.3",
+        "dataset.image_size=20",
+    ],
+)
+def test_resume_refuses_changed_privacy_settings_and_writes_nothing(
+    tmp_path, finished_run, override
+):
+    run_dir = copy_run(finished_run, tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    proc = run_cli(f"resume={run_dir}", override, check=False)
+    assert proc.returncode == 2
+    assert override.split("=")[0] in proc.stderr and "Traceback" not in proc.stderr
+    after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    assert after == before  # nothing of the run was touched
+
+
+def test_resume_refuses_an_edited_config_file(tmp_path, finished_run):
+    run_dir = copy_run(finished_run, tmp_path / "run")
+    cfg = run_dir / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("delta: 1.0e-05", "delta: 0.001"))
+    proc = run_cli(f"resume={run_dir}", check=False)
+    assert proc.returncode == 2 and "privacy.delta" in proc.stderr
+
+
+def test_resume_of_a_missing_or_empty_dir_fails_and_creates_nothing(tmp_path):
+    proc = run_cli(f"resume={tmp_path / 'typo'}", check=False)
+    assert proc.returncode == 2 and "typo" in proc.stderr
+    assert not (tmp_path / "typo").exists()
+    (tmp_path / "empty").mkdir()
+    proc = run_cli(f"resume={tmp_path / 'empty'}", check=False)
+    assert proc.returncode == 2 and list((tmp_path / "empty").iterdir()) == []
+
+
+# --------------------------------------------------------------- multirun
+def test_multirun_is_one_sweep_in_one_folder(tmp_path):
     run_cli(
         "-m",
+        "experiment=demo",
         "privacy.epsilon=1,4",
         "train.max_steps=3",
         "train.eval_every=0",
         f"hydra.sweep.dir={tmp_path}",
     )
-    jobs = sorted(p for p in tmp_path.iterdir() if p.is_dir() and (p / "summary.json").exists())
-    assert len(jobs) == 2
+    jobs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    assert len(jobs) == 2 and all((p / "summary.json").exists() for p in jobs)
+    assert (tmp_path / "multirun.yaml").exists()
     eps = sorted(json.loads((p / "summary.json").read_text())["epsilon"] for p in jobs)
     assert eps[0] <= 1.0 < eps[1] <= 4.0
 
 
 @needs_shared
-@pytest.mark.slow
-def test_gep_resnet20_on_partial_cifar10(tmp_path):
-    res = train(
-        cfg_for(
-            "dataset=cifar10_subset",
-            "model=resnet20",
-            "mechanism=gep",
-            "aux=natural",
-            "aux.num_samples=64",
-            "mechanism.num_bases=32",
-            "train.batch_size=64",
-            "train.max_steps=3",
-            "grads.microbatch=32",
-            "train.eval_every=0",
-            "train.eval_batch_size=512",
-        ),
-        tmp_path,
+def test_experiments_can_be_swept(tmp_path):
+    run_cli(
+        "-m",
+        "experiment=demo,dpsgd_mnist_eps2",
+        "train.batch_size=256",
+        "train.max_steps=2",
+        "train.eval_every=0",
+        f"hydra.sweep.dir={tmp_path}",
     )
-    assert res.steps == 3 and res.epsilon <= 2.0
+    names = sorted(
+        json.loads((p / "summary.json").read_text())["steps"]
+        for p in tmp_path.iterdir()
+        if p.is_dir()
+    )
+    assert names == [2, 2]
+    from omegaconf import OmegaConf
+
+    saved = [OmegaConf.load(p / "config.yaml") for p in tmp_path.iterdir() if p.is_dir()]
+    assert sorted(c.dataset.name for c in saved) == ["digits", "mnist"]
 
 
 def test_prv_accountant_and_shuffle_sampling_run(tmp_path):
@@ -195,4 +342,3 @@ def test_prv_accountant_and_shuffle_sampling_run(tmp_path):
     assert res.steps == 6 and 2.9 < res.epsilon <= 3.0
     metrics = read_metrics(tmp_path)
     assert any("epsilon_rdp" in m for m in metrics)  # cheap RDP value between PRV evaluations
-    assert all(m["train/batch_size"] == 256 for m in metrics if "train/batch_size" in m)

@@ -1,75 +1,151 @@
 """The train entrypoint: ``dpsub-train`` / ``python -m dpsub.train``.
 
-Hydra composes ``conf/config.yaml`` with the command-line overrides and runs
-:func:`dpsub.training.trainer.train` in a fresh run dir (``outputs/...``), or in
-the given dir with ``resume=<run dir>``.
+* ``dpsub-train [overrides]``: Hydra composes ``conf/config.yaml``; dpsub validates
+  the config (torch-free, fast), builds the run and only then creates its directory
+  (``out_dir``; in a multirun ``<hydra.sweep.dir>/<job number>_<overrides>``).
+* ``dpsub-train -m ...``: a Hydra multirun. Every job of a plain sweep is composed and
+  validated before the first one starts, so a bad value fails before anything is
+  written.
+* ``dpsub-train resume=<run dir> [key=value ...]``: continue that run with the run's
+  own saved ``config.yaml``. Overrides are refused unless they cannot change a
+  release (``dpsub.training.checkpoint.RESUME_MAY_CHANGE``: logging, evaluation and
+  checkpoint frequency, W&B, data location); nothing is written before the resume
+  is known to be valid.
+
+Errors print one line on stderr: exit code 2 for a bad config or data file, 3 for a
+privacy error (a mechanism drawing less noise than its plan).
 """
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dpsub.config import ConfigError
+from dpsub.errors import ConfigError, ResumeError, exit_code
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
-EXPERIMENT_DIR = Path(CONF_DIR) / "experiment"
+MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
-def _run_dir(resume, default):
-    """hydra.run.dir: the resumed run's dir, else a fresh one."""
-    return str(resume) if resume not in (None, "", "None", "null") else default
+def fail(err: BaseException) -> None:
+    """One line on stderr and the error's exit code."""
+    label = (
+        ""
+        if isinstance(err, ResumeError) or not isinstance(err, ConfigError)
+        else "invalid config: "
+    )
+    print(f"dpsub: {label}{err}", file=sys.stderr, flush=True)
+    sys.exit(exit_code(err))
 
 
-OmegaConf.register_new_resolver("dpsub_run_dir", _run_dir, replace=True)
+def run(cfg: DictConfig, run_dir: Path, resume: bool = False) -> float:
+    """Validate, train, and turn dpsub's errors into one line and an exit code."""
+    from dpsub.config import validate
+
+    try:
+        validate(cfg)  # before torch is imported: bad values fail in well under a second
+        from dpsub.training.trainer import train
+
+        return train(cfg, run_dir, resume=resume).test_accuracy
+    except Exception as e:  # noqa: BLE001 -- dpsub's own errors become one line
+        if exit_code(e) is None:
+            raise
+        fail(e)
+
+
+def job_dir(cfg: DictConfig) -> Path:
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:
+        sub = (
+            f"{hc.job.num}_{hc.job.override_dirname}"
+            if hc.job.override_dirname
+            else str(hc.job.num)
+        )
+        return Path(hc.sweep.dir) / sub
+    return Path(cfg.out_dir)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> float:
-    from dpsub.data import DatasetNotFoundError
-    from dpsub.training.trainer import train
+    if cfg.resume is not None:
+        fail(ResumeError("resume: use `dpsub-train resume=<run dir>` on its own, not in a sweep"))
+    return run(cfg, job_dir(cfg))  # the value a Hydra sweeper would optimize
 
-    logging.getLogger("dpsub").setLevel(logging.INFO)
-    if cfg.resume is not None and not Path(cfg.resume).is_dir():
-        raise ConfigError(f"resume: {cfg.resume!r} is not a run directory")
-    run_dir = HydraConfig.get().runtime.output_dir
+
+# ------------------------------------------------------------------ resume
+def resume(args: list[str]) -> float:
+    """``resume=<dir> [key=value ...]``: the run's own config, changed only where allowed."""
+    from dpsub.training.checkpoint import CKPT_NAME, changed_keys
+
+    run_dir = Path([a for a in args if a.startswith("resume=")][-1].split("=", 1)[1])
+    if not (run_dir / "config.yaml").is_file() or not (run_dir / CKPT_NAME).is_file():
+        fail(ResumeError(
+            f"resume: {run_dir} is not a dpsub run dir with a checkpoint "
+            f"(needs config.yaml and {CKPT_NAME}); nothing was created"
+        ))  # fmt: skip
+    rest = [a for a in args if not a.startswith("resume=")]
+    bad = [a for a in rest if a.startswith(("-", "+", "~")) or "=" not in a]
+    if bad:
+        fail(ResumeError(f"resume: only key=value overrides can go with resume=, got {bad}"))
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    cfg = OmegaConf.merge(saved, OmegaConf.from_dotlist(rest))
+    keys = changed_keys(OmegaConf.to_container(saved), OmegaConf.to_container(cfg))
+    if keys:
+        fail(ResumeError(
+            f"resume: cannot change {', '.join(keys)}: they change what the run releases or how "
+            "it is accounted; only logging, evaluation and checkpoint settings may change"
+        ))  # fmt: skip
+    cfg.resume = str(run_dir)
+    configure_logging()
+    return run(cfg, run_dir, resume=True)
+
+
+def configure_logging() -> None:
+    """Outside Hydra (resume): the same console logging as ``conf/hydra/job_logging/dpsub.yaml``."""
+    import logging.config
+
+    spec = OmegaConf.load(Path(CONF_DIR) / "hydra" / "job_logging" / "dpsub.yaml")
+    logging.config.dictConfig(OmegaConf.to_container(spec))
+
+
+# ---------------------------------------------------------------- sweeps
+def validate_sweep(args: list[str]) -> None:
+    """Compose and validate every job of a plain Hydra sweep before any job starts."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from dpsub.config import validate
+
+    overrides = [
+        a for a in args if not a.startswith("-") and not a.startswith(("hydra.", "hydra/"))
+    ]
     try:
-        result = train(cfg, run_dir)
-    except ConfigError as e:
-        print(f"dpsub: invalid config: {e}", file=sys.stderr)
-        sys.exit(2)
-    except DatasetNotFoundError as e:
-        print(f"dpsub: {e}", file=sys.stderr)
-        sys.exit(2)
-    return result.test_accuracy  # for Hydra sweepers that optimize a return value
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    except Exception:  # noqa: BLE001 -- a syntax Hydra itself will report
+        return
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        for i, job in enumerate(jobs):
+            try:
+                validate(compose(config_name="config", overrides=job))
+            except ConfigError as e:
+                fail(ConfigError(f"{e} (sweep job {i}: {' '.join(job)}); no job was started"))
 
 
 def cli() -> None:
-    """``dpsub-train [experiment=NAME] [overrides]``.
-
-    An experiment is a small primary config in ``conf/experiment/`` that extends
-    ``config.yaml`` (``defaults: [config, override dataset: ..., _self_]``). Hydra
-    is pointed at it with ``--config-dir conf/experiment --config-name NAME``, so
-    experiment files need no ``@package _global_`` header.
-    """
+    """``dpsub-train [experiment=NAME] [overrides]`` (see the module docstring)."""
     args = sys.argv[1:]
-    chosen = [a for a in args if a.startswith("experiment=")]
-    if chosen:
-        name = chosen[-1].split("=", 1)[1]
-        available = sorted(p.stem for p in EXPERIMENT_DIR.glob("*.yaml"))
-        if name not in available:
-            print(
-                f"dpsub: experiment: unknown experiment {name!r}; available: {available}",
-                file=sys.stderr,
-            )
-            sys.exit(2)
-        rest = [a for a in args if not a.startswith("experiment=")]
-        sys.argv = [sys.argv[0], "--config-dir", str(EXPERIMENT_DIR), "--config-name", name, *rest]
+    if any(a.startswith("resume=") for a in args) and not any(a in MULTIRUN_FLAGS for a in args):
+        resume(args)
+        return
+    if any(a in MULTIRUN_FLAGS for a in args):
+        validate_sweep(args)
     main()
 
 

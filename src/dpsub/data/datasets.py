@@ -379,7 +379,7 @@ def _load_synthetic(root: Path, download: bool, synthetic: dict | None = None, *
     return _Raw(tr_x, tr_y, te_x, te_y, classes=None, num_classes=k)
 
 
-LOADERS: dict[str, Callable[..., _Raw]] = {
+LOADERS: dict[str, Callable[..., _Raw]] = {  # one per name in dpsub.data.names.DATASETS
     "digits": _load_digits,
     "mnist": _load_mnist,
     "fashion_mnist": _load_fashion_mnist,

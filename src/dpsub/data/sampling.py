@@ -6,24 +6,36 @@ mean B = qN. ``shuffle``: fixed-size batches from a random permutation per
 epoch, as some papers' code does; its epsilon is still computed as if sampling
 were Poisson, which the run records (``privacy.sampling`` in the saved config
 and a warning at start).
+
+The randomness comes from a ``uniform(n) -> (n,) tensor in [0, 1)`` source: a seeded
+torch generator (research mode, restorable) or ``os.urandom`` (``privacy.rng=secure``:
+which examples were sampled stays secret, which the amplification by subsampling in
+the accountant relies on).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 SAMPLINGS = ("poisson", "shuffle")
 
+Uniform = Callable[[int], torch.Tensor]
+
+
+def seeded_uniform(generator: torch.Generator, device) -> Uniform:
+    return lambda n: torch.rand(n, generator=generator, device=device)
+
 
 class PoissonSampler:
-    def __init__(self, n: int, q: float, generator: torch.Generator, device):
+    def __init__(self, n: int, q: float, uniform: Uniform):
         if not 0 < q <= 1:
             raise ValueError(f"sampling rate must be in (0, 1], got {q}")
-        self.n, self.q, self.generator, self.device = n, q, generator, device
+        self.n, self.q, self.uniform = n, q, uniform
 
     def sample(self) -> torch.Tensor:
-        mask = torch.rand(self.n, generator=self.generator, device=self.device) < self.q
-        return mask.nonzero().squeeze(1)
+        return (self.uniform(self.n) < self.q).nonzero().squeeze(1)
 
     def state_dict(self) -> dict:
         return {}
@@ -33,14 +45,14 @@ class PoissonSampler:
 
 
 class ShuffleSampler:
-    def __init__(self, n: int, batch_size: int, generator: torch.Generator, device):
-        self.n, self.batch_size, self.generator, self.device = n, batch_size, generator, device
+    def __init__(self, n: int, batch_size: int, uniform: Uniform, device=None):
+        self.n, self.batch_size, self.uniform, self.device = n, batch_size, uniform, device
         self.perm: torch.Tensor | None = None
         self.pos = 0
 
     def sample(self) -> torch.Tensor:
         if self.perm is None or self.pos + self.batch_size > self.n:
-            self.perm = torch.randperm(self.n, generator=self.generator, device=self.device)
+            self.perm = self.uniform(self.n).argsort()  # a uniformly random permutation
             self.pos = 0
         idx = self.perm[self.pos : self.pos + self.batch_size]
         self.pos += self.batch_size
@@ -55,9 +67,9 @@ class ShuffleSampler:
         self.pos = int(state.get("pos", 0))
 
 
-def build_sampler(kind: str, n: int, batch_size: int, generator, device):
+def build_sampler(kind: str, n: int, batch_size: int, uniform: Uniform, device=None):
     if kind == "poisson":
-        return PoissonSampler(n, batch_size / n, generator, device)
+        return PoissonSampler(n, batch_size / n, uniform)
     if kind == "shuffle":
-        return ShuffleSampler(n, batch_size, generator, device)
+        return ShuffleSampler(n, batch_size, uniform, device)
     raise ValueError(f"privacy.sampling must be one of {SAMPLINGS}, got {kind!r}")

@@ -1,21 +1,29 @@
-"""Per-example gradients (vectorized) and the flat parameter layout they use."""
+"""Per-example gradients (vectorized), clipping, and the flat layout they use."""
 
+from dpsub.grads.clip import ClippedAccumulator, ClipStats, clip_rows, clipped_sum, finite_rows
 from dpsub.grads.engine import (
     BACKENDS,
+    BatchStats,
     Chunk,
+    ClippedSum,
     GradEngine,
-    ParamLayout,
+    GradTarget,
     check_private_model,
-    clip_rows,
-    clipped_sum,
 )
+from dpsub.grads.layout import ParamLayout
 
 __all__ = [
     "BACKENDS",
+    "BatchStats",
     "Chunk",
+    "ClipStats",
+    "ClippedAccumulator",
+    "ClippedSum",
     "GradEngine",
+    "GradTarget",
     "ParamLayout",
     "check_private_model",
     "clip_rows",
     "clipped_sum",
+    "finite_rows",
 ]

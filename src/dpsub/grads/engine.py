@@ -1,78 +1,97 @@
-"""Vectorized per-example gradients.
+"""Vectorized per-example gradients of a gradient target.
 
-:class:`GradEngine` turns a model and a (logical) batch into a stream of
-micro-batches of *flat* per-example gradients ``G`` of shape ``(b, p)``, laid out
-by :class:`ParamLayout` (the trainable parameters in ``named_parameters`` order,
-each flattened). DP-SGD clips the rows of ``G``; GEP projects them onto a basis;
-both see the same tensor. The micro-batch size bounds memory: a logical batch of
-1000 is processed as ``ceil(1000 / microbatch)`` vectorized chunks.
+A :class:`GradTarget` says *what* is differentiated: named leaf tensors ``params``
+and a ``forward(params, x) -> logits`` that uses them. The default target is the
+model's trainable parameters through the model itself; a mechanism may pass its own
+(RGP differentiates low-rank carriers of a reparametrized model and never
+materializes per-example weight gradients).
 
-Two backends compute the same thing:
+:class:`GradEngine` turns a target and a (logical) batch into a stream of
+micro-batches of *flat* per-example gradients ``G`` of shape ``(b, p)``, laid out by
+the target's :class:`~dpsub.grads.layout.ParamLayout`. Two verbs:
 
-* ``vmap``: ``torch.func.vmap(grad(loss of one example))`` over the micro-batch.
-* ``opacus``: Opacus' ``GradSampleModule`` hooks (per-layer closed forms).
+* :meth:`GradEngine.per_example`: materialized rows (GEP projects them);
+* :meth:`GradEngine.clipped_sum`: the sum of the rows clipped to C, a
+  :class:`~dpsub.privacy.noise.Sensitive` of sensitivity C (DP-SGD; backends may
+  compute it without materializing the rows).
 
-``scripts/bench.py --backends`` measures both; ``vmap`` is the default.
+Backends: ``vmap`` (``torch.func.vmap(grad(...))``, any target) and ``opacus``
+(Opacus' ``GradSampleModule`` hooks, the model's own parameters only).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
+
+from dpsub.grads.clip import ClippedAccumulator, ClipStats
+from dpsub.grads.layout import ParamLayout
+from dpsub.privacy.noise import Sensitive
 
 BACKENDS = ("vmap", "opacus")
 
+Forward = Callable[[dict[str, Tensor], Tensor], Tensor]
 
-@dataclass(frozen=True)
-class ParamLayout:
-    """Where each trainable parameter lives in the flat gradient vector."""
 
-    names: tuple[str, ...]
-    shapes: tuple[torch.Size, ...]
-    offsets: tuple[int, ...]  # start of each parameter; offsets[-1] + numel[-1] == dim
+@dataclass
+class GradTarget:
+    """Named leaves ``params`` and ``forward(params, x) -> logits`` (x a batch)."""
+
+    params: dict[str, Tensor]
+    forward: Forward
+    layout: ParamLayout = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.layout = ParamLayout.of_tensors(self.params)
 
     @classmethod
-    def of(cls, model: nn.Module) -> ParamLayout:
-        names, shapes, offsets, off = [], [], [], 0
-        for name, p in model.named_parameters():
-            if p.requires_grad:
-                names.append(name)
-                shapes.append(p.shape)
-                offsets.append(off)
-                off += p.numel()
-        return cls(tuple(names), tuple(shapes), tuple(offsets))
+    def of_model(cls, model: nn.Module) -> GradTarget:
+        """The model's trainable parameters through the model (buffers read at call time)."""
+        params = {n: p for n, p in model.named_parameters() if p.requires_grad}
 
-    @property
-    def numels(self) -> tuple[int, ...]:
-        return tuple(int(torch.Size(s).numel()) for s in self.shapes)
+        def forward(p: dict[str, Tensor], x: Tensor) -> Tensor:
+            return functional_call(model, (p, dict(model.named_buffers())), (x,))
 
-    @property
-    def dim(self) -> int:
-        return self.offsets[-1] + self.numels[-1] if self.names else 0
-
-    def slices(self) -> dict[str, slice]:
-        return {
-            n: slice(o, o + k)
-            for n, o, k in zip(self.names, self.offsets, self.numels, strict=True)
-        }
+        return cls(params, forward)
 
 
 @dataclass
 class Chunk:
     """Per-example gradients of one micro-batch, with the forward pass' by-products."""
 
-    grads: torch.Tensor  # (b, p)
-    loss: torch.Tensor  # (b,) per-example loss
-    correct: torch.Tensor  # (b,) bool, prediction == label
+    grads: Tensor  # (b, p)
+    loss: Tensor  # (b,) per-example loss
+    correct: Tensor  # (b,) bool, prediction == label
+
+
+@dataclass
+class BatchStats:
+    """Private by-products of a batch (diagnostics only: never released by default)."""
+
+    loss_sum: float = 0.0
+    correct: int = 0
+    clip: ClipStats = field(default_factory=ClipStats)
+
+    def add(self, loss: Tensor, correct: Tensor) -> None:
+        self.loss_sum += float(loss.sum())
+        self.correct += int(correct.sum())
+
+
+@dataclass
+class ClippedSum:
+    """A clipped sum with the private statistics of the batch it came from."""
+
+    sum: Sensitive
+    stats: BatchStats
 
 
 class GradEngine:
-    """Per-example and mean gradients of a classifier's cross-entropy loss."""
+    """Per-example, clipped-sum and mean gradients of a classifier's cross-entropy loss."""
 
     def __init__(self, model: nn.Module, microbatch: int = 256, backend: str = "vmap"):
         if backend not in BACKENDS:
@@ -82,48 +101,59 @@ class GradEngine:
         self.model = model
         self.microbatch = int(microbatch)
         self.backend = backend
-        self.layout = ParamLayout.of(model)
-        self._params = [p for p in model.parameters() if p.requires_grad]
+        self.target = GradTarget.of_model(model)
+        self.layout = self.target.layout
+        self._params = list(self.target.params.values())
         self._gsm = None
-        if backend == "vmap":
-            self._per_example_fn = vmap(
-                grad(self._single_loss, has_aux=True), in_dims=(None, None, 0, 0)
-            )
+        self._vmapped: dict[int, Callable] = {}
 
     # ------------------------------------------------------------- helpers
     @property
     def dim(self) -> int:
         return self.layout.dim
 
-    def flat_params(self) -> torch.Tensor:
+    def flat_params(self) -> Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self._params])
 
-    def set_grad(self, flat: torch.Tensor) -> None:
+    def set_grad(self, flat: Tensor) -> None:
         """Write a flat gradient into ``p.grad`` of every trainable parameter."""
         for p, off, n in zip(self._params, self.layout.offsets, self.layout.numels, strict=True):
             p.grad = flat[off : off + n].view_as(p).clone()
 
-    def _single_loss(self, params, buffers, x, y):
-        logits = functional_call(self.model, (params, buffers), (x.unsqueeze(0),))
-        loss = F.cross_entropy(logits, y.unsqueeze(0))
-        return loss, (loss.detach(), logits.detach().argmax(-1).squeeze(0) == y)
+    def _per_example_fn(self, target: GradTarget) -> Callable:
+        key = id(target.forward)
+        if key not in self._vmapped:
+
+            def single_loss(params, x, y):
+                logits = target.forward(params, x.unsqueeze(0))
+                loss = F.cross_entropy(logits, y.unsqueeze(0))
+                return loss, (loss.detach(), logits.detach().argmax(-1).squeeze(0) == y)
+
+            self._vmapped = {key: vmap(grad(single_loss, has_aux=True), in_dims=(None, 0, 0))}
+        return self._vmapped[key]
 
     # --------------------------------------------------------- per-example
-    def per_example(self, x: torch.Tensor, y: torch.Tensor) -> Iterator[Chunk]:
-        """Yield flat per-example gradients micro-batch by micro-batch."""
+    def per_example(
+        self, x: Tensor, y: Tensor, target: GradTarget | None = None
+    ) -> Iterator[Chunk]:
+        """Yield flat per-example gradients of ``target`` micro-batch by micro-batch."""
+        target = target or self.target
         for start in range(0, x.shape[0], self.microbatch):
             xb, yb = x[start : start + self.microbatch], y[start : start + self.microbatch]
-            if self.backend == "vmap":
-                yield self._vmap_chunk(xb, yb)
-            else:
+            if self.backend == "opacus":
+                if target is not self.target:
+                    raise ValueError(
+                        "grads.backend=opacus differentiates the model's own parameters only; "
+                        "this mechanism needs grads.backend=vmap"
+                    )
                 yield self._opacus_chunk(xb, yb)
+            else:
+                yield self._vmap_chunk(xb, yb, target)
 
-    def _vmap_chunk(self, x, y) -> Chunk:
-        params = {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
-        buffers = dict(self.model.named_buffers())
-        grads, (loss, correct) = self._per_example_fn(params, buffers, x, y)
-        flat = torch.cat([grads[n].reshape(x.shape[0], -1) for n in self.layout.names], dim=1)
-        return Chunk(flat, loss, correct)
+    def _vmap_chunk(self, x, y, target: GradTarget) -> Chunk:
+        params = {n: p.detach() for n, p in target.params.items()}
+        grads, (loss, correct) = self._per_example_fn(target)(params, x, y)
+        return Chunk(target.layout.flatten(grads, batch=True), loss, correct)
 
     def _opacus_chunk(self, x, y) -> Chunk:
         from opacus import GradSampleModule
@@ -142,24 +172,34 @@ class GradEngine:
             p.grad = None
         return Chunk(flat, losses.detach(), logits.detach().argmax(-1) == y)
 
-    # ---------------------------------------------------------------- mean
-    def mean_gradient(self, x: torch.Tensor, y: torch.Tensor) -> Chunk:
-        """Ordinary (non-private) mean gradient, one backward pass per micro-batch.
+    # ---------------------------------------------------------- clipped sum
+    def clipped_sum(
+        self, x: Tensor, y: Tensor, clip: float, target: GradTarget | None = None
+    ) -> ClippedSum:
+        """``sum_i min(1, C/||g_i||) g_i`` over the batch (non-finite rows dropped)."""
+        target = target or self.target
+        stats = BatchStats()
+        acc = ClippedAccumulator()
+        for chunk in self.per_example(x, y, target):
+            acc.add("grad", chunk.grads, clip)
+            stats.add(chunk.loss, chunk.correct)
+        stats.clip = acc.stats.get("grad", ClipStats())
+        return ClippedSum(acc.sum("grad", clip, target.layout.dim, x.device), stats)
 
-        Returns a :class:`Chunk` whose ``grads`` is the mean gradient, shape ``(1, p)``.
-        """
+    # ---------------------------------------------------------------- mean
+    def mean_gradient(self, x: Tensor, y: Tensor) -> tuple[Tensor, BatchStats]:
+        """Ordinary (non-private) mean gradient, one backward pass per micro-batch."""
         total = torch.zeros(self.dim, device=x.device)
-        losses, corrects = [], []
+        stats = BatchStats()
         for start in range(0, x.shape[0], self.microbatch):
             xb, yb = x[start : start + self.microbatch], y[start : start + self.microbatch]
             logits = self.model(xb)
             per = F.cross_entropy(logits, yb, reduction="none")
             gs = torch.autograd.grad(per.sum(), self._params)
             total += torch.cat([g.reshape(-1) for g in gs])
-            losses.append(per.detach())
-            corrects.append(logits.detach().argmax(-1) == yb)
-        n = max(int(x.shape[0]), 1)
-        return Chunk((total / n)[None], torch.cat(losses), torch.cat(corrects))
+            stats.add(per.detach(), logits.detach().argmax(-1) == yb)
+        stats.clip.n = int(x.shape[0])
+        return total / max(int(x.shape[0]), 1), stats
 
 
 def check_private_model(model: nn.Module) -> None:
@@ -177,22 +217,3 @@ def check_private_model(model: nn.Module) -> None:
                 f"model: module {name!r} ({type(module).__name__}) keeps statistics of private "
                 "batches outside clipping; private training needs GroupNorm/LayerNorm instead"
             )
-
-
-def clip_rows(g: torch.Tensor, bound: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scale every row of ``g`` to L2 norm at most ``bound``.
-
-    Returns the clipped rows and the boolean mask of rows that were scaled down.
-    Uses ``min(1, C / ||g_i||)``: rows with norm <= C are unchanged, larger rows get
-    norm exactly C (and an all-zero row stays zero).
-    """
-    norms = g.norm(dim=1)
-    factor = (bound / (norms + 1e-12)).clamp(max=1.0)
-    return g * factor[:, None], norms > bound
-
-
-def clipped_sum(g: torch.Tensor, bound: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum of the clipped rows of ``g`` (without materializing them) and the clip mask."""
-    norms = g.norm(dim=1)
-    factor = (bound / (norms + 1e-12)).clamp(max=1.0)
-    return factor @ g, norms > bound

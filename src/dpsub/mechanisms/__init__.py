@@ -1,18 +1,38 @@
 """Mechanisms: how a batch's private gradients become one released gradient.
 
-Every mechanism registers itself in :data:`MECHANISMS` under its config name.
+Every mechanism declares its options in :mod:`dpsub.mechanisms.options` (torch-free,
+read by the config validator) and registers its class in :data:`MECHANISMS` under the
+same name. The implementations (and torch) are imported on first use of anything
+but ``options`` (PEP 562), so ``import dpsub.mechanisms.options`` stays light.
 """
 
-from dpsub.mechanisms import dpsgd, gep, nonprivate  # noqa: F401  (registration)
-from dpsub.mechanisms.base import MECHANISMS, Mechanism, StepContext, StepResult, register
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_IMPLEMENTATIONS = ("dpsgd", "gep", "nonprivate")
+_BASE = ("MECHANISMS", "Mechanism", "Phase", "StepContext", "StepResult", "register")
+
+__all__ = [*_BASE, "build_mechanism"]
 
 
-def build_mechanism(name: str, noise_multiplier: float, **params) -> Mechanism:
-    if name not in MECHANISMS:
+def _load() -> Any:
+    for mod in _IMPLEMENTATIONS:  # registration
+        importlib.import_module(f"dpsub.mechanisms.{mod}")
+    return importlib.import_module("dpsub.mechanisms.base")
+
+
+def build_mechanism(name: str, **options):
+    registry = _load().MECHANISMS
+    if name not in registry:
         raise ValueError(
-            f"mechanism.name: unknown mechanism {name!r}; choose from {sorted(MECHANISMS)}"
+            f"mechanism.name: unknown mechanism {name!r}; choose from {sorted(registry)}"
         )
-    return MECHANISMS[name](noise_multiplier=noise_multiplier, **params)
+    return registry[name](**options)
 
 
-__all__ = ["MECHANISMS", "Mechanism", "StepContext", "StepResult", "build_mechanism", "register"]
+def __getattr__(name: str) -> Any:
+    if name in _BASE:
+        return getattr(_load(), name)
+    raise AttributeError(f"module 'dpsub.mechanisms' has no attribute {name!r}")

@@ -2,48 +2,65 @@
 
 A mechanism receives the logical batch of private examples (already Poisson
 sampled) and returns the released gradient, a flat vector the optimizer applies
-(post-processing). It also states, *before* the step runs, what the step costs:
-the effective noise multiplier ``z_eff`` of one Poisson-subsampled Gaussian
-mechanism (noise std divided by the L2 sensitivity of everything the step
-releases). The trainer refuses a step whose cost would exceed the budget, then
-records it in the :class:`~dpsub.privacy.PrivacyLedger`.
+(post-processing). It never states its own privacy cost: every noisy release goes
+through ``ctx.noise`` (a :class:`~dpsub.privacy.noise.Privatizer`), which records the
+sensitivity and the noise actually drawn, and the trainer derives the step's
+effective noise multiplier from those records and compares it with the plan.
 
-To add a mechanism: subclass :class:`Mechanism`, implement ``step`` and
-``effective_noise_multiplier``, register it with ``@register("name")`` and add
-``conf/mechanism/<name>.yaml`` whose keys are the constructor's keyword arguments.
+What a mechanism declares:
+
+* its options (:mod:`dpsub.mechanisms.options`, torch-free, checked by the config
+  validator) -- available as ``self.opts``;
+* its privacy *schedule*, :meth:`Mechanism.phases`: (steps, scale) phases whose noise
+  multiplier is ``scale * z``; calibration solves for z over the whole schedule, and
+  each step gets its multiplier as ``ctx.z``;
+* ``accounting``: ``"planned"`` (the default: the step is charged the planned z and
+  refused if the records show less noise) or ``"measured"`` (charged what the records
+  show, e.g. noise shaped by the model's weights).
+
+To add a mechanism: declare its options in ``options.py``, subclass
+:class:`Mechanism` with ``@register("name")``, implement :meth:`Mechanism.step`, and add
+``conf/mechanism/<name>.yaml`` with the declared options.
 """
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+from torch import Tensor
 
-from dpsub.grads import GradEngine, clipped_sum
+from dpsub.grads import BatchStats, GradEngine
+from dpsub.mechanisms.options import SPECS, MechanismSpec, parse_options
+from dpsub.privacy.noise import Privatizer
 
 MECHANISMS: dict[str, type[Mechanism]] = {}
 
 
 def register(name: str):
+    """Link a mechanism class to its declaration in ``options.py`` and register it."""
+
     def deco(cls: type[Mechanism]) -> type[Mechanism]:
+        if name not in SPECS:
+            raise KeyError(f"mechanism {name!r} has no declaration in dpsub/mechanisms/options.py")
         cls.name = name
+        cls.spec = SPECS[name]
+        cls.private = SPECS[name].private
+        cls.needs_aux = SPECS[name].needs_aux
         MECHANISMS[name] = cls
         return cls
 
     return deco
 
 
-@dataclass
-class StepResult:
-    grad: torch.Tensor  # (p,) released gradient, already divided by the expected batch size
-    z_eff: float  # effective noise multiplier of this step (inf: nothing private released)
-    loss_sum: float  # training-loss sum over the batch (NOT private: for monitoring only)
-    correct: int
-    n: int  # realized batch size
-    metrics: dict[str, float] = field(default_factory=dict)
+@dataclass(frozen=True)
+class Phase:
+    """``steps`` steps whose noise multiplier is ``scale`` times the calibrated z."""
+
+    steps: int
+    scale: float = 1.0
 
 
 @dataclass
@@ -51,33 +68,49 @@ class StepContext:
     step: int
     total_steps: int
     expected_batch_size: float  # B = qN: every noisy sum is divided by this
-    generator: torch.Generator  # the noise RNG, on the training device
+    z: float  # noise multiplier the plan charges for this step (inf: non-private)
+    noise: Privatizer  # the only way to add noise; records every release
+    rng: torch.Generator  # public randomness (subspace starts, random labels), restorable
+    diagnostics: bool = False  # compute private diagnostics (privacy.private_diagnostics)
+
+
+@dataclass
+class StepResult:
+    grad: Tensor  # (p,) released gradient, already divided by the expected batch size
+    stats: BatchStats = field(default_factory=BatchStats)  # private: loss, accuracy, clipping
+    metrics: dict[str, float] = field(default_factory=dict)  # public: from releases / config
+    private_metrics: dict[str, float] = field(default_factory=dict)  # from private data
 
 
 class Mechanism(ABC):
-    """Base class. ``noise_multiplier`` is the calibrated z of the run."""
+    """Base class; ``self.opts`` holds the declared options."""
 
     name: ClassVar[str] = "base"
+    spec: ClassVar[MechanismSpec]
     private: ClassVar[bool] = True
     needs_aux: ClassVar[bool] = False
+    accounting: str = "planned"  # "planned" | "measured" (see the module docstring)
 
-    def __init__(self, noise_multiplier: float, **params: Any):
-        if params:
-            raise TypeError(f"mechanism {self.name!r} got unknown options {sorted(params)}")
-        self.noise_multiplier = float(noise_multiplier)
+    def __init__(self, **options: Any):
+        self.opts = parse_options(self.name, options)
         self.engine: GradEngine | None = None
+        self.aux = None
 
     def setup(self, engine: GradEngine, aux: Any | None = None) -> None:
         """Called once with the gradient engine (and auxiliary data if ``needs_aux``)."""
+        if self.needs_aux and aux is None:
+            raise ValueError(
+                f"mechanism={self.name} needs auxiliary data: choose an aux source, e.g. aux=natural"
+            )
         self.engine = engine
         self.aux = aux
 
-    @abstractmethod
-    def effective_noise_multiplier(self) -> float:
-        """z_eff of the next step, as one Poisson-subsampled Gaussian mechanism."""
+    def phases(self, total_steps: int) -> list[Phase]:
+        """The privacy schedule: one phase at the calibrated z unless overridden."""
+        return [Phase(total_steps)]
 
     @abstractmethod
-    def step(self, x: torch.Tensor, y: torch.Tensor, ctx: StepContext) -> StepResult:
+    def step(self, x: Tensor, y: Tensor, ctx: StepContext) -> StepResult:
         """Release the gradient for the sampled batch (x, y)."""
 
     # State that must survive a restart (e.g. a subspace kept across steps).
@@ -86,30 +119,3 @@ class Mechanism(ABC):
 
     def load_state_dict(self, state: dict) -> None:  # noqa: B027  (optional hook)
         """Restore what :meth:`state_dict` saved (stateless mechanisms: nothing)."""
-
-    @staticmethod
-    def gaussian(shape, std: float, ctx: StepContext, device) -> torch.Tensor:
-        """Noise ``N(0, std^2 I)`` from the run's noise generator."""
-        return torch.randn(shape, generator=ctx.generator, device=device) * std
-
-
-class ClippedSumMixin:
-    """Shared loop: stream per-example gradients, clip each row to C, sum."""
-
-    def clipped_gradient_sum(self, x, y, clip: float):
-        engine: GradEngine = self.engine
-        total = torch.zeros(engine.dim, device=x.device)
-        loss_sum, correct, clipped = 0.0, 0, 0
-        for chunk in engine.per_example(x, y):
-            s, mask = clipped_sum(chunk.grads, clip)
-            total += s
-            loss_sum += float(chunk.loss.sum())
-            correct += int(chunk.correct.sum())
-            clipped += int(mask.sum())
-        return total, loss_sum, correct, clipped
-
-
-def check_positive(name: str, value: float) -> float:
-    if not (value > 0) or math.isnan(value):
-        raise ValueError(f"mechanism.{name} must be > 0, got {value}")
-    return float(value)

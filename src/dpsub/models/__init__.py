@@ -16,38 +16,31 @@ Registry (``MODELS``), each entry called as ``ctor(in_shape, num_classes, **kwar
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
-from .lenet import LeNet
-from .mnist_cnn import MnistCNN
-from .resnet import ResNetGN, resnet20
-from .wrn import WideResNetGN, wrn
+__all__ = ["MODELS", "build_model", "count_parameters", "model_class"]
 
-__all__ = [
-    "MODELS",
-    "LeNet",
-    "MnistCNN",
-    "ResNetGN",
-    "WideResNetGN",
-    "build_model",
-    "count_parameters",
-    "resnet20",
-    "wrn",
-]
-
-
-def _build_wrn(in_shape: tuple[int, int, int], num_classes: int, **kwargs) -> WideResNetGN:
-    return wrn(num_classes=num_classes, in_channels=in_shape[0], **kwargs)
-
-
-MODELS: dict[str, Callable[..., nn.Module]] = {
-    "mnist_cnn": MnistCNN,
-    "lenet": LeNet,
-    "resnet20": resnet20,
-    "wrn": _build_wrn,
+#: name -> "module:constructor". Imported only when a model is built, so that the config
+#: validator can check names without importing torch's model code.
+MODELS: dict[str, str] = {
+    "mnist_cnn": "dpsub.models.mnist_cnn:MnistCNN",
+    "lenet": "dpsub.models.lenet:LeNet",
+    "resnet20": "dpsub.models.resnet:resnet20",
+    "wrn": "dpsub.models.wrn:wrn_for_shape",
 }
+
+
+def model_class(name: str) -> Callable[..., nn.Module]:
+    """The constructor registered as ``name``, called as ``ctor(in_shape, num_classes, **kw)``."""
+    if name not in MODELS:
+        raise ValueError(f"Unknown model {name!r}; valid names are: {', '.join(sorted(MODELS))}")
+    module, attr = MODELS[name].split(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int, **kwargs) -> nn.Module:
@@ -59,12 +52,11 @@ def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int, **k
         ValueError: if ``name`` is not registered (the message lists the valid names)
             or ``in_shape`` is not a 3-tuple.
     """
-    if name not in MODELS:
-        raise ValueError(f"Unknown model {name!r}; valid names are: {', '.join(sorted(MODELS))}")
+    ctor = model_class(name)
     in_shape = tuple(int(s) for s in in_shape)
     if len(in_shape) != 3:
         raise ValueError(f"in_shape must be (C, H, W), got {in_shape}")
-    return MODELS[name](in_shape, num_classes, **kwargs)
+    return ctor(in_shape, num_classes, **kwargs)
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:

@@ -128,3 +128,8 @@ def wrn(
         in_channels=in_channels,
         gn_groups=gn_groups,
     )
+
+
+def wrn_for_shape(in_shape: tuple[int, int, int], num_classes: int, **kwargs) -> WideResNetGN:
+    """The registry's constructor: ``wrn`` for inputs of shape ``in_shape``."""
+    return wrn(num_classes=num_classes, in_channels=in_shape[0], **kwargs)

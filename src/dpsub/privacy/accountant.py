@@ -20,9 +20,12 @@ composition instead of starting a new one.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from opacus.accountants import PRVAccountant, RDPAccountant
@@ -82,6 +85,83 @@ def calibrate_noise(
     return float(z)
 
 
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """The noise multiplier of every step: phases ``(z, q, steps)`` in order.
+
+    Made by :func:`calibrate_plan` from a mechanism's schedule; the trainer charges
+    step t the multiplier :meth:`multiplier_at` and refuses a step whose noise
+    records show less.
+    """
+
+    phases: tuple[tuple[float, float, int], ...]
+
+    @property
+    def total_steps(self) -> int:
+        return sum(n for _, _, n in self.phases)
+
+    def multiplier_at(self, step: int) -> float:
+        end = 0
+        for z, _, n in self.phases:
+            end += n
+            if step < end:
+                return z
+        return self.phases[-1][0]  # past the plan (budget permitting): the last phase's z
+
+    def history(self) -> list[tuple[float, float, int]]:
+        return [tuple(p) for p in self.phases]
+
+
+def _schedule_history(z: float, q: float, phases) -> list[tuple[float, float, int]]:
+    return [(p.scale * z, q, p.steps) for p in phases if p.steps > 0]
+
+
+def calibrate_plan(
+    epsilon: float,
+    delta: float,
+    sample_rate: float,
+    phases,
+    accountant: str = "rdp",
+    tolerance: float = 0.01,
+) -> tuple[float, PrivacyPlan]:
+    """Smallest base multiplier z whose schedule ``[(scale_j z, q, steps_j)]`` spends <= epsilon.
+
+    ``phases`` are objects with ``steps`` and ``scale`` (:class:`dpsub.mechanisms.Phase`).
+    A single phase of scale 1 is Opacus' ``get_noise_multiplier`` exactly; otherwise the
+    same search (double an upper bound, then bisect until the epsilon is within
+    ``tolerance`` below the target) runs over the whole composition.
+    """
+    phases = [p for p in phases if p.steps > 0]
+    if not phases:
+        raise ValueError("cannot calibrate noise for 0 steps")
+    if len(phases) == 1 and phases[0].scale == 1.0:
+        z = calibrate_noise(epsilon, delta, sample_rate, phases[0].steps, accountant, tolerance)
+        return z, PrivacyPlan(tuple(_schedule_history(z, sample_rate, phases)))
+
+    def eps(z: float) -> float:
+        return epsilon_for(_schedule_history(z, sample_rate, phases), delta, accountant)
+
+    low, high = 0.0, 10.0
+    while eps(high) > epsilon:
+        low, high = high, 2 * high
+        if high > 1e6:
+            raise ValueError(f"no noise multiplier reaches epsilon={epsilon} for this schedule")
+    eps_high = eps(high)
+    while epsilon - eps_high > tolerance:
+        mid = (low + high) / 2
+        eps_mid = eps(mid)
+        if eps_mid <= epsilon:
+            high, eps_high = mid, eps_mid
+        else:
+            low = mid
+    return high, PrivacyPlan(tuple(_schedule_history(high, sample_rate, phases)))
+
+
+def fixed_plan(z: float, sample_rate: float, phases) -> PrivacyPlan:
+    """The plan of a fixed base multiplier (``privacy.noise_multiplier``)."""
+    return PrivacyPlan(tuple(_schedule_history(z, sample_rate, phases)))
+
+
 _RDP_CACHE: dict[tuple[float, float], np.ndarray] = {}
 
 
@@ -112,14 +192,15 @@ class PrivacyLedger:
         delta: target delta.
         accountant: ``"rdp"`` or ``"prv"``.
         budget: target epsilon; :meth:`can_step` refuses a step that would exceed it.
-        planned: ``(z, q, steps)`` the noise was calibrated for; with ``prv`` a step that
-            stays within this plan is known to respect the budget without a PRV query.
+        plan: the :class:`PrivacyPlan` the noise was calibrated for; with ``prv`` a step that
+            keeps the history a prefix of this plan is known to respect the budget without a
+            PRV query.
     """
 
     delta: float
     accountant: str = "rdp"
     budget: float = math.inf
-    planned: tuple[float, float, int] | None = None
+    plan: PrivacyPlan | None = None
     eps_error: float = 0.01
     history: list[tuple[float, float, int]] = field(default_factory=list)
 
@@ -167,10 +248,8 @@ class PrivacyLedger:
             self._pending = ((z, q), eps)
             return eps <= self.budget + 1e-9
         # PRV: inside the calibrated plan the answer is known; otherwise ask PRV.
-        if self.planned is not None:
-            pz, pq, pn = self.planned
-            if all((hz, hq) == (pz, pq) for hz, hq, _ in self.history) and (z, q) == (pz, pq):
-                return self.steps + 1 <= pn
+        if self.plan is not None and _is_prefix(self.history + [(z, q, 1)], self.plan.phases):
+            return True
         hist = list(self.history) + [(z, q, 1)]
         return epsilon_for(hist, self.delta, "prv", self.eps_error) <= self.budget + 1e-9
 
@@ -194,19 +273,52 @@ class PrivacyLedger:
             "delta": self.delta,
             "accountant": self.accountant,
             "budget": self.budget,
-            "planned": self.planned,
+            "plan": None if self.plan is None else [list(p) for p in self.plan.phases],
             "eps_error": self.eps_error,
             "history": [list(h) for h in self.history],
         }
 
+    def save(self, path: Path, sync: bool = False) -> None:
+        """Write the ledger atomically (``sync``: fsync it, so a crash cannot lose it)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(self.state_dict(), f)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> PrivacyLedger:
+        return cls.from_state_dict(json.loads(Path(path).read_text()))
+
     @classmethod
     def from_state_dict(cls, state: dict) -> PrivacyLedger:
-        planned = state.get("planned")
+        plan = state.get("plan")
         return cls(
             delta=state["delta"],
             accountant=state["accountant"],
             budget=state["budget"],
-            planned=tuple(planned) if planned is not None else None,
+            plan=None
+            if plan is None
+            else PrivacyPlan(tuple((float(z), float(q), int(n)) for z, q, n in plan)),
             eps_error=state.get("eps_error", 0.01),
             history=[(float(z), float(q), int(n)) for z, q, n in state["history"]],
         )
+
+
+def _is_prefix(history, phases) -> bool:
+    """Is the step sequence of ``history`` a prefix of that of ``phases``? (both compressed)"""
+    left = [list(p) for p in phases]
+    j = 0
+    for z, q, n in history:
+        while n > 0:
+            if j >= len(left) or (left[j][0], left[j][1]) != (z, q):
+                return False
+            take = min(n, left[j][2])
+            n -= take
+            left[j][2] -= take
+            if left[j][2] == 0:
+                j += 1
+    return True

@@ -53,15 +53,16 @@ class Sensitive:
 
     ``sensitivity`` bounds ``||value(D) - value(D')||_2`` for datasets differing in one
     example (add/remove). Only clipping functions create it (``dpsub.grads.clip``),
-    so the bound travels with the function that guarantees it.
+    so the bound travels with the function that guarantees it. (``inf``: clipping
+    turned off, as in tests; any noise then gives multiplier 0, which the trainer refuses.)
     """
 
     value: Tensor
     sensitivity: float
 
     def __post_init__(self) -> None:
-        if not (self.sensitivity > 0 and math.isfinite(self.sensitivity)):
-            raise ValueError(f"sensitivity must be finite and > 0, got {self.sensitivity}")
+        if not self.sensitivity > 0:
+            raise ValueError(f"sensitivity must be > 0, got {self.sensitivity}")
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def effective_multiplier(records: Sequence[NoiseRecord]) -> float:
     """``1 / sqrt(sum (sensitivity_j / std_j)^2)``; inf without records, 0 if a std is 0."""
     total = 0.0
     for r in records:
-        if r.std <= 0:
+        if r.std <= 0 or math.isinf(r.sensitivity):
             return 0.0
         total += (r.sensitivity / r.std) ** 2
     return math.inf if total == 0 else 1.0 / math.sqrt(total)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dpsub.grads.engine import ParamLayout
+from dpsub.grads.layout import ParamLayout
 
 __all__ = ["GROUPING_SCHEMES", "Group", "group_parameters", "split_quota"]
 

@@ -1,24 +1,60 @@
-"""Checkpoints: everything needed to continue a run exactly where it stopped.
+"""Checkpoints, and the rules for continuing a run from one.
 
 A checkpoint holds the model, optimizer and schedule, the step, the privacy
-ledger's history and every random generator (sampling, noise, torch's global
-RNGs). Resuming restores them all, so the steps between the last checkpoint and
-a crash are *replayed* with the same batches and the same noise: they release
-nothing new, and the ledger counts each step once.
+ledger(s), the mechanism's state, the seeded random generators, the run's resolved
+config and a fingerprint of its private training set.
+
+Resuming (``privacy.rng=seeded``, the research mode): every generator is restored,
+so the steps between the last checkpoint and a crash are *replayed* with the same
+batches and the same noise: they release nothing new, and the ledger (from the
+checkpoint) counts each step once. This is only sound if the replayed steps compute
+the same thing, so a resume must keep every setting that can change a release
+(:data:`RESUME_MAY_CHANGE` lists the few that cannot) and the same training data.
+
+Resuming in ``privacy.rng=secure`` mode: the noise and sampling streams are secret and
+not saved, so the steps after the checkpoint are drawn afresh: new releases. The
+ledger is then the one persisted before every release (``ledger.json``), which has
+counted every step that ever ran: a crash may over-count a step, never under-count.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
+from dpsub.errors import ResumeError
+
+if TYPE_CHECKING:  # torch and the accountant are imported where used: resume checks stay light
+    import torch
+
+    from dpsub.privacy import PrivacyLedger
 
 CKPT_NAME = "checkpoint.pt"
+LEDGER_NAME = "ledger.json"
+
+#: Config keys a resume may change: they cannot change what a step releases or how it is
+#: accounted (where things are logged and how often, progress display, W&B settings).
+RESUME_MAY_CHANGE = (
+    "resume",
+    "out_dir",
+    "run_name",
+    "data.root",  # the training data itself is checked by its fingerprint
+    "data.download",
+    "train.eval_every",
+    "train.eval_batch_size",
+    "train.log_every",
+    "train.checkpoint_every",
+    "train.progress",
+    "logger",
+)
 
 
 def save_checkpoint(run_dir: Path, state: dict) -> Path:
     """Atomic write (tmp file + rename): a kill during saving keeps the last good one."""
+    import torch
+
     path = Path(run_dir) / CKPT_NAME
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -27,13 +63,69 @@ def save_checkpoint(run_dir: Path, state: dict) -> Path:
 
 
 def load_checkpoint(run_dir: Path, map_location="cpu") -> dict | None:
+    import torch
+
     path = Path(run_dir) / CKPT_NAME
     if not path.exists():
         return None
     return torch.load(path, map_location=map_location, weights_only=False)
 
 
+def data_fingerprint(x: torch.Tensor, y: torch.Tensor) -> str:
+    """SHA-256 of the private training set as trained on (shape, pixels, labels)."""
+    h = hashlib.sha256()
+    h.update(repr((tuple(x.shape), tuple(y.shape))).encode())
+    h.update(x.detach().cpu().contiguous().numpy().tobytes())
+    h.update(y.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def may_change(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in RESUME_MAY_CHANGE)
+
+
+def changed_keys(saved: dict, new: dict) -> list[str]:
+    """Keys whose values differ between two resolved configs and that a resume may not change."""
+    a, b = _flatten(saved), _flatten(new)
+    return sorted(
+        k
+        for k in set(a) | set(b)
+        if a.get(k, "<absent>") != b.get(k, "<absent>") and not may_change(k)
+    )
+
+
+def check_resume(saved_config: dict, config: dict, saved_fp: str | None, fp: str) -> None:
+    """Refuse a resume that would change a release or its accounting (ResumeError)."""
+    keys = changed_keys(saved_config, config)
+    if keys:
+        shown = ", ".join(
+            f"{k} ({_flatten(saved_config).get(k)!r} -> {_flatten(config).get(k)!r})"
+            for k in keys[:6]
+        )
+        raise ResumeError(
+            f"resume: the run was made with different settings: {shown}; these change what the "
+            "run releases or how it is accounted. Resume with the run's own config (only "
+            f"{', '.join(RESUME_MAY_CHANGE[3:])} may change), or start a new run"
+        )
+    if saved_fp is not None and saved_fp != fp:
+        raise ResumeError(
+            "resume: the private training set differs from the one the run was trained on "
+            "(data fingerprint mismatch); check data.root and dataset.*"
+        )
+
+
 def rng_state(generators: dict[str, torch.Generator]) -> dict:
+    import torch
+
     state = {name: g.get_state() for name, g in generators.items()}
     state["torch_cpu"] = torch.get_rng_state()
     if torch.cuda.is_available():
@@ -42,8 +134,17 @@ def rng_state(generators: dict[str, torch.Generator]) -> dict:
 
 
 def restore_rng(generators: dict[str, torch.Generator], state: dict) -> None:
+    import torch
+
     for name, g in generators.items():
         g.set_state(state[name])
     torch.set_rng_state(state["torch_cpu"])
     if torch.cuda.is_available() and "torch_cuda" in state:
         torch.cuda.set_rng_state_all(state["torch_cuda"])
+
+
+def journal_ledger(run_dir: Path) -> PrivacyLedger | None:
+    from dpsub.privacy import PrivacyLedger
+
+    path = Path(run_dir) / LEDGER_NAME
+    return PrivacyLedger.load(path) if path.exists() else None

@@ -1,9 +1,19 @@
 """The training loop: one reading from config to the final epsilon.
 
-Path of one step:  sample a Poisson batch (on the device)  ->  the mechanism
-turns its per-example gradients into one released gradient and states the
-step's cost z_eff  ->  the ledger checks and records the cost  ->  the
-optimizer applies the released gradient (post-processing).
+``train(cfg, run_dir)`` builds the run (:func:`~dpsub.training.run.build_run`: data,
+model, mechanism, privacy plan; every config or data error is raised before a file
+is written), continues it from ``run_dir``'s checkpoint if there is one (refusing any
+change that would alter a release), then repeats :func:`~dpsub.training.run.train_step`
+until the planned steps are done or the budget is spent, logging, evaluating and
+checkpointing on the way.
+
+What is logged. By default only what the privacy guarantee covers: epsilon, the
+noise multiplier charged, the learning rate, test-set metrics, and mechanism
+metrics computed from released or public quantities. Statistics of the private
+batches (training loss and accuracy, realized batch size, clip fractions, GEP's
+projection error...) are computed without noise; they are logged, under
+``private/``, only with ``privacy.private_diagnostics=true``, and the run's summary
+then says that its outputs are not covered by its epsilon.
 """
 
 from __future__ import annotations
@@ -18,19 +28,21 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 
-from dpsub.config import check_against_data, validate
-from dpsub.data import load_dataset
-from dpsub.data.aux import build_aux
-from dpsub.data.sampling import build_sampler
-from dpsub.grads import GradEngine, check_private_model
+from dpsub.config import validate
+from dpsub.errors import ResumeError
 from dpsub.logging import RunLogger
-from dpsub.mechanisms import MECHANISMS, StepContext, build_mechanism
-from dpsub.models import build_model, count_parameters
-from dpsub.privacy import PrivacyLedger, calibrate_noise
-from dpsub.training.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
-from dpsub.training.optim import build_optimizer, build_schedule
+from dpsub.models import count_parameters
+from dpsub.training.checkpoint import (
+    LEDGER_NAME,
+    check_resume,
+    data_fingerprint,
+    journal_ledger,
+    load_checkpoint,
+    save_checkpoint,
+)
+from dpsub.training.progress import Progress, attach_run_log
+from dpsub.training.run import Run, StepOutcome, build_run, load_run_state, run_state, train_step
 
 log = logging.getLogger("dpsub")
 
@@ -49,12 +61,7 @@ class RunResult:
     test_loss: float
     run_dir: Path
     stopped_by_budget: bool
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    epsilon_nominal: float | None = None
 
 
 @torch.no_grad()
@@ -95,202 +102,195 @@ class _StopFlag:
             signal.signal(s, h)
 
 
-def plan_steps(cfg: DictConfig, n_train: int) -> tuple[float, int]:
-    q = cfg.train.batch_size / n_train
-    steps = max(1, round(cfg.train.epochs / q))
-    if cfg.train.max_steps is not None:
-        steps = min(steps, int(cfg.train.max_steps))
-    return q, steps
+# ------------------------------------------------------------------ epsilon
+def epsilons(run: Run, exact: bool) -> dict[str, float]:
+    """Epsilon spent (honest) and, for measured-accounting mechanisms, the nominal one.
+
+    ``exact``: with the configured accountant (PRV is slow: evaluations only); else RDP.
+    """
+    if run.ledger is None:
+        return {"epsilon": math.inf}
+    acc = run.cfg.privacy.accountant
+    key = "epsilon" if exact or acc == "rdp" else "epsilon_rdp"
+    which = None if exact else "rdp"
+    out = {key: run.ledger.epsilon(which)}
+    if run.nominal is not None:
+        out[key.replace("epsilon", "epsilon_nominal")] = run.nominal.epsilon(which)
+    return out
 
 
-def train(cfg: DictConfig, run_dir: str | Path) -> RunResult:
-    """Run (or resume) one experiment; everything it writes goes to ``run_dir``."""
-    validate(cfg)
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    device = pick_device(cfg.device)
-    torch.manual_seed(cfg.seed)
+# ------------------------------------------------------------------ metrics
+class Window:
+    """Private batch statistics accumulated between two log lines."""
 
-    # ---------------------------------------------------------------- data
-    data = load_dataset(
-        cfg.dataset.name,
-        root=cfg.data.root,
-        download=cfg.data.download,
-        train_size=cfg.dataset.get("train_size"),
-        balanced=cfg.dataset.get("balanced", True),
-        seed=cfg.seed,
-        image_size=cfg.dataset.get("image_size"),
-        use_extra=cfg.dataset.get("use_extra", False),
-        synthetic=OmegaConf.to_container(cfg.dataset.synthetic)
-        if cfg.dataset.get("synthetic")
-        else None,
-    )
-    aux, data = build_aux(cfg.aux, data, root=cfg.data.root, seed=cfg.seed)
-    n_train = int(data.train_y.shape[0])
-    check_against_data(cfg, n_train)
-    data = data.to(device)
-    if aux is not None:
-        aux = aux.to(device)
+    def __init__(self) -> None:
+        self.loss = 0.0
+        self.correct = 0
+        self.n = 0
+        self.clipped = 0
+        self.nonfinite = 0
+        self.t = time.perf_counter()
+        self.steps = 0
 
-    # --------------------------------------------------------------- model
-    mcfg = OmegaConf.to_container(cfg.model, resolve=True)
-    model = build_model(mcfg.pop("name"), data.in_shape, data.num_classes, **mcfg).to(device)
-    engine = GradEngine(model, microbatch=cfg.grads.microbatch, backend=cfg.grads.backend)
+    def add(self, out: StepOutcome) -> None:
+        st = out.result.stats
+        self.loss += st.loss_sum
+        self.correct += st.correct
+        self.n += st.clip.n
+        self.clipped += st.clip.clipped
+        self.nonfinite += st.clip.nonfinite
+        self.steps += 1
 
-    # ------------------------------------------------------------- privacy
-    q, total_steps = plan_steps(cfg, n_train)
-    p = cfg.privacy
-    kcfg = OmegaConf.to_container(cfg.mechanism, resolve=True)
-    mech_name = kcfg.pop("name")
-    if not MECHANISMS[mech_name].private:
-        z = math.inf
-    elif p.noise_multiplier is not None:
-        z = float(p.noise_multiplier)
-    else:
-        z = calibrate_noise(p.epsilon, p.delta, q, total_steps, p.accountant)
-    mechanism = build_mechanism(mech_name, z, **kcfg)
-    if mechanism.private:
-        check_private_model(model)
-    mechanism.setup(engine, aux)
-    ledger = PrivacyLedger(
-        delta=p.delta,
-        accountant=p.accountant,
-        budget=p.epsilon if mechanism.private else math.inf,
-        planned=(z, q, total_steps) if p.noise_multiplier is None else None,
-    )
+    def private_metrics(self) -> dict[str, float]:
+        n = max(self.n, 1)
+        return {
+            "private/train_loss": self.loss / n,
+            "private/train_accuracy": self.correct / n,
+            "private/batch_size": self.n / max(self.steps, 1),
+            "private/clip_fraction": self.clipped / n,
+            "private/nonfinite": self.nonfinite,
+        }
 
-    # ----------------------------------------------------------- optimizer
-    params = [p_ for p_ in model.parameters() if p_.requires_grad]
-    optimizer = build_optimizer(params, cfg.optim)
-    schedule = build_schedule(optimizer, cfg.optim.schedule, total_steps)
 
-    gens = {
-        "sampler": torch.Generator(device=device).manual_seed(cfg.seed + 1),
-        "noise": torch.Generator(device=device).manual_seed(cfg.seed + 2),
+def log_metrics(run: Run, out: StepOutcome, window: Window, mech: dict, private: bool) -> dict:
+    dt = time.perf_counter() - window.t
+    metrics = {
+        "lr": run.schedule.get_last_lr()[0],
+        "z_eff": out.z_charged,
+        "steps_per_s": window.steps / dt if dt > 0 else 0.0,
+        **epsilons(run, exact=False),
+        **{f"mech/{k}": v for k, v in out.result.metrics.items()},
     }
-    sampler = build_sampler(p.sampling, n_train, cfg.train.batch_size, gens["sampler"], device)
+    if private:
+        metrics.update(window.private_metrics())
+        metrics.update({f"private/mech/{k}": v for k, v in mech.items()})
+    return metrics
 
-    # -------------------------------------------------------------- resume
-    step = 0
-    ckpt = load_checkpoint(run_dir, map_location=device)
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        schedule.load_state_dict(ckpt["schedule"])
-        ledger = PrivacyLedger.from_state_dict(ckpt["ledger"])
-        sampler.load_state_dict(ckpt["sampler"])
-        mechanism.load_state_dict(ckpt["mechanism"])
-        restore_rng(gens, ckpt["rng"])
-        step = int(ckpt["step"])
-        if ckpt["noise_multiplier"] != z:
-            raise RuntimeError(
-                f"resume: the checkpoint's noise multiplier {ckpt['noise_multiplier']} differs from "
-                f"this config's {z}; resume with the run's own saved config (.hydra/config.yaml)"
-            )
-        log.info("resumed from %s at step %d (epsilon spent %.4f)", run_dir, step, ledger.epsilon())
 
+# --------------------------------------------------------------------- run
+def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> None:
+    """Restore ``run`` from ``run_dir``'s checkpoint (checked), or refuse an unintended resume."""
+    ckpt = load_checkpoint(run_dir, map_location=run.device)
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    logger = RunLogger(run_dir, resolved, cfg.logger, cfg.run_name, resume_step=step)
-    header = {
-        "dataset": data.describe(),
-        "model": f"{type(model).__name__} ({count_parameters(model):,} parameters)",
-        "mechanism": mech_name,
-        "sampling": f"{p.sampling} q={q:.5f} (B={cfg.train.batch_size}, N={n_train})",
-        "steps": total_steps,
-        "noise_multiplier": z,
-        "target": f"epsilon={p.epsilon} delta={p.delta} ({p.accountant})",
-        "device": str(device),
+    fp = data_fingerprint(run.data.train_x, run.data.train_y)
+    run.fingerprint = fp
+    if ckpt is None:
+        if resume:
+            raise ResumeError(
+                f"resume: {run_dir} has no {run_dir / 'checkpoint.pt'}; nothing to resume"
+            )
+        return
+    if not resume:
+        raise ResumeError(
+            f"out_dir: {run_dir} already holds a run; continue it with resume={run_dir}"
+        )
+    check_resume(ckpt["config"], resolved, ckpt.get("data_fingerprint"), fp)
+    load_run_state(run, ckpt["state"])
+    if run.secure:  # fresh secret noise from here on: charge every step that ever ran
+        journal = journal_ledger(run_dir)
+        if journal is not None and journal.steps > run.ledger.steps:
+            log.warning(
+                "secure mode: %d steps ran after the checkpoint and are charged again",
+                journal.steps - run.ledger.steps,
+            )
+            run.ledger = journal
+    log.info(
+        "resumed %s at step %d (epsilon spent %.4f)",
+        run_dir,
+        run.step,
+        epsilons(run, False).get("epsilon", math.nan),
+    )
+
+
+def _header(run: Run) -> dict:
+    p = run.cfg.privacy
+    return {
+        "dataset": run.data.describe(),
+        "model": f"{type(run.model).__name__} ({count_parameters(run.model):,} parameters)",
+        "mechanism": run.mechanism.name,
+        "sampling": f"{p.sampling} q={run.q:.5f} (B={run.cfg.train.batch_size}, N={len(run.data.train_y)})",
+        "steps": run.total_steps,
+        "noise_multiplier": run.z,
+        "target": f"epsilon={p.epsilon} delta={p.delta} ({p.accountant}, rng {p.rng})",
+        "device": str(run.device),
     }
-    for k, v in header.items():
+
+
+def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResult:
+    """Run (or, with ``resume``, continue) one experiment; everything goes to ``run_dir``."""
+    validate(cfg)
+    run = build_run(cfg)
+    run_dir = Path(run_dir)
+    _start_or_resume(run, cfg, run_dir, resume)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    detach_log = attach_run_log(run_dir / "train.log")
+    try:
+        return _loop(run, cfg, run_dir)
+    finally:
+        detach_log()
+
+
+def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    private = bool(cfg.privacy.private_diagnostics)
+    if run.secure:
+        run.on_release.append(lambda r: r.ledger.save(run_dir / LEDGER_NAME, sync=True))
+    logger = RunLogger(run_dir, resolved, cfg.logger, cfg.run_name, resume_step=run.step)
+    for k, v in _header(run).items():
         log.info("%-16s %s", k, v)
-    if p.sampling == "shuffle" and mechanism.private:
+    if cfg.privacy.sampling == "shuffle" and run.mechanism.private:
         log.warning("privacy.sampling=shuffle: the reported epsilon assumes Poisson sampling")
+    if private:
+        log.warning(
+            "privacy.private_diagnostics=true: the logs hold unprivatized statistics of "
+            "the private data; this run's outputs are NOT covered by its epsilon"
+        )
+    if run.mechanism.accounting == "nominal":
+        log.warning(
+            "mechanism.accounting=nominal: the budget is enforced on the paper's nominal "
+            "epsilon, which is NOT a privacy guarantee; the honest epsilon is logged beside it"
+        )
 
     def checkpoint() -> None:
         save_checkpoint(
             run_dir,
-            {
-                "step": step,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "schedule": schedule.state_dict(),
-                "ledger": ledger.state_dict(),
-                "sampler": sampler.state_dict(),
-                "mechanism": mechanism.state_dict(),
-                "rng": rng_state(gens),
-                "noise_multiplier": z,
-            },
+            {"state": run_state(run), "config": resolved, "data_fingerprint": run.fingerprint},
         )
+        if run.ledger is not None and not run.secure:
+            run.ledger.save(run_dir / LEDGER_NAME)
 
-    def eps_now(exact: bool) -> float:
-        if not mechanism.private:
-            return math.inf
-        return ledger.epsilon() if exact or p.accountant == "rdp" else ledger.epsilon("rdp")
-
-    # ---------------------------------------------------------------- loop
-    t_cfg = cfg.train
+    t = cfg.train
     stopped_by_budget = False
-    acc = loss = float("nan")
-    window = {"loss": 0.0, "correct": 0, "n": 0, "t": time.perf_counter()}
-    mech_metrics: dict[str, float] = {}  # latest value of each mechanism diagnostic
-    bar = tqdm(total=total_steps, initial=step, disable=not t_cfg.progress, dynamic_ncols=True)
-    model.train()
+    acc = loss = None
+    window, mech_private = Window(), {}
+    progress = Progress(run.total_steps, run.step, t.progress, t.log_every)
     try:
         with _StopFlag() as stop:
-            while step < total_steps:
-                z_eff = mechanism.effective_noise_multiplier()
-                if mechanism.private and not ledger.can_step(z_eff, q):
+            while run.step < run.total_steps:
+                out = train_step(run, diagnostics=private)
+                if out.stopped_by_budget:
                     stopped_by_budget = True
-                    log.info("privacy budget spent after %d steps: stopping", step)
+                    log.info("privacy budget spent after %d steps: stopping", run.step)
                     break
-                idx = sampler.sample()
-                ctx = StepContext(step, total_steps, cfg.train.batch_size, gens["noise"])
-                res = mechanism.step(data.train_x[idx], data.train_y[idx], ctx)
-                if res.z_eff != z_eff:
-                    raise RuntimeError(
-                        f"{mech_name}: stated z_eff {z_eff} but the step used {res.z_eff}"
-                    )
-                engine.set_grad(res.grad)
-                optimizer.step()
-                schedule.step()
-                if mechanism.private:
-                    ledger.step(res.z_eff, q)
-                step += 1
-                bar.update(1)
-                window["loss"] += res.loss_sum
-                window["correct"] += res.correct
-                window["n"] += res.n
-                mech_metrics.update(res.metrics)
-
-                last = step == total_steps
-                if t_cfg.log_every and (step % t_cfg.log_every == 0 or last):
-                    n = max(window["n"], 1)
-                    dt = time.perf_counter() - window["t"]
-                    metrics = {
-                        "train/loss": window["loss"] / n,
-                        "train/accuracy": window["correct"] / n,
-                        "train/batch_size": res.n,
-                        "lr": schedule.get_last_lr()[0],
-                        "epsilon_rdp" if p.accountant == "prv" else "epsilon": eps_now(False),
-                        "z_eff": res.z_eff,
-                        "steps_per_s": t_cfg.log_every / dt if dt > 0 else 0.0,
-                        **{f"mech/{k}": v for k, v in mech_metrics.items()},
-                    }
+                window.add(out)
+                mech_private.update(out.result.private_metrics)
+                step, last = run.step, run.step == run.total_steps
+                if t.log_every and (step % t.log_every == 0 or last):
+                    metrics = log_metrics(run, out, window, mech_private, private)
                     logger.log(metrics, step)
-                    window = {"loss": 0.0, "correct": 0, "n": 0, "t": time.perf_counter()}
-                if (t_cfg.eval_every and step % t_cfg.eval_every == 0) or last:
-                    acc, loss = evaluate(model, data.test_x, data.test_y, t_cfg.eval_batch_size)
-                    logger.log(
-                        {"test/accuracy": acc, "test/loss": loss, "epsilon": eps_now(True)}, step
+                    progress.log(step, metrics, acc)
+                    window = Window()
+                if (t.eval_every and step % t.eval_every == 0) or last:
+                    acc, loss = evaluate(
+                        run.model, run.data.test_x, run.data.test_y, t.eval_batch_size
                     )
-                bar.set_postfix(
-                    loss=f"{res.loss_sum / max(res.n, 1):.3f}",
-                    acc=f"{acc:.3f}",
-                    eps=f"{eps_now(False):.3f}",
-                    refresh=False,
-                )
-                if t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0:
+                    ev = {"test/accuracy": acc, "test/loss": loss, **epsilons(run, exact=True)}
+                    logger.log(ev, step)
+                    progress.evaluation(step, ev)
+                progress.update(step, epsilons(run, False).get("epsilon", math.inf), acc)
+                if t.checkpoint_every and step % t.checkpoint_every == 0:
                     checkpoint()
                 if stop.signum is not None:
                     checkpoint()
@@ -302,32 +302,62 @@ def train(cfg: DictConfig, run_dir: str | Path) -> RunResult:
                     )
                     raise Interrupted(128 + stop.signum)
     finally:
-        bar.close()
+        progress.close()
+    final_eval = (acc, loss) if run.step == run.total_steps and acc is not None else None
+    return _finish(run, cfg, run_dir, logger, checkpoint, stopped_by_budget, private, final_eval)
 
-    # --------------------------------------------------------------- final
+
+def _finish(
+    run, cfg, run_dir, logger, checkpoint, stopped_by_budget, private, final_eval
+) -> RunResult:
+    """Checkpoint, evaluate (unless the loop just did), write the summary and the final line."""
     checkpoint()
-    acc, loss = evaluate(model, data.test_x, data.test_y, t_cfg.eval_batch_size)
-    eps = eps_now(True)
-    result = RunResult(step, eps, p.delta, z, acc, loss, run_dir, stopped_by_budget)
+    p = cfg.privacy
+    eps = epsilons(run, exact=True)
+    if final_eval is None:
+        acc, loss = evaluate(run.model, run.data.test_x, run.data.test_y, cfg.train.eval_batch_size)
+        logger.log({"test/accuracy": acc, "test/loss": loss, **eps}, run.step)
+    else:
+        acc, loss = final_eval
     summary = {
-        "steps": step,
-        "planned_steps": total_steps,
-        "epsilon": eps,
+        "steps": run.step,
+        "planned_steps": run.total_steps,
+        **eps,
         "delta": p.delta,
         "accountant": p.accountant,
-        "noise_multiplier": z,
+        "noise_multiplier": run.z,
         "sampling": p.sampling,
+        "rng": p.rng,
         "test_accuracy": acc,
         "test_loss": loss,
         "stopped_by_budget": stopped_by_budget,
+        "covered_by_epsilon": not private and run.mechanism.accounting != "nominal",
     }
-    logger.log({"test/accuracy": acc, "test/loss": loss, "epsilon": eps}, step)
     logger.summary(summary)
     logger.close()
-    eps_txt = "inf (non-private)" if not math.isfinite(eps) else f"{eps:.4f}"
-    print(
-        f"final: test accuracy {100 * acc:.2f}% | epsilon {eps_txt} (delta={p.delta}, "
-        f"{p.accountant}, {p.sampling}) | {step} steps | noise multiplier {z:.4f} | run dir {run_dir}",
-        flush=True,
+    e = eps["epsilon"]
+    eps_txt = "inf (non-private)" if not math.isfinite(e) else f"{e:.4f}"
+    if "epsilon_nominal" in eps:
+        eps_txt += f" (nominal {eps['epsilon_nominal']:.4f})"
+    log.info(
+        "final: test accuracy %.2f%% | epsilon %s (delta=%s, %s, %s) | %d steps | noise multiplier %.4f | run dir %s",
+        100 * acc,
+        eps_txt,
+        p.delta,
+        p.accountant,
+        p.sampling,
+        run.step,
+        run.z,
+        run_dir,
     )
-    return result
+    return RunResult(
+        run.step,
+        e,
+        p.delta,
+        run.z,
+        acc,
+        loss,
+        run_dir,
+        stopped_by_budget,
+        eps.get("epsilon_nominal"),
+    )

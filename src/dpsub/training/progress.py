@@ -1,0 +1,82 @@
+"""What a person watching a run sees, and what ``train.log`` keeps.
+
+Every log step becomes one plain line (``step 200/1200 | epsilon 0.81 | test acc 91.2% |
+38.5 steps/s``) and every evaluation another, on the console and in the run's
+``train.log``. A tqdm bar is added only when ``train.progress`` is on *and* stderr is a
+terminal (redirected output and Slurm logs get plain lines, no carriage returns);
+the lines then print above the bar.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger("dpsub")
+FORMAT = "[%(asctime)s][%(levelname)s] %(message)s"
+
+
+def attach_run_log(path: Path) -> Callable[[], None]:
+    """Send the ``dpsub`` logger to ``path`` (and to stdout if nothing prints it); undo with the return."""
+    log.setLevel(logging.INFO)
+    handlers = [logging.FileHandler(path)]
+    if not (log.handlers or logging.getLogger().handlers):
+        handlers.append(logging.StreamHandler(sys.stdout))
+    for h in handlers:
+        h.setFormatter(logging.Formatter(FORMAT, "%H:%M:%S"))
+        log.addHandler(h)
+
+    def detach() -> None:
+        for h in handlers:
+            log.removeHandler(h)
+            h.close()
+
+    return detach
+
+
+def _pct(acc: float | None) -> str:
+    return "-" if acc is None else f"{100 * acc:.2f}%"
+
+
+def _eps(metrics: dict) -> str:
+    e = metrics.get("epsilon", metrics.get("epsilon_rdp", math.inf))
+    return "inf" if not math.isfinite(e) else f"{e:.4f}"
+
+
+class Progress:
+    def __init__(self, total: int, initial: int, enabled: bool, log_every: int):
+        self.total = total
+        self.bar = None
+        self._redirect = contextlib.ExitStack()
+        if enabled and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            self.bar = tqdm(total=total, initial=initial, dynamic_ncols=True)
+            self._redirect.enter_context(logging_redirect_tqdm([log]))
+
+    def log(self, step: int, metrics: dict, acc: float | None) -> None:
+        log.info(
+            "step %d/%d | epsilon %s | test acc %s | %.1f steps/s",
+            step, self.total, _eps(metrics), _pct(acc), metrics.get("steps_per_s", 0.0),
+        )  # fmt: skip
+
+    def evaluation(self, step: int, ev: dict) -> None:
+        log.info(
+            "eval step %d | test accuracy %s | test loss %.4f | epsilon %s",
+            step, _pct(ev["test/accuracy"]), ev["test/loss"], _eps(ev),
+        )  # fmt: skip
+
+    def update(self, step: int, eps: float, acc: float | None) -> None:
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix(eps=f"{eps:.3f}", acc=_pct(acc), refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self._redirect.close()
