@@ -4,6 +4,7 @@ auxiliary example is ever in the evaluation set or in the private training set."
 
 from __future__ import annotations
 
+import io
 import pickle
 import sys
 import types
@@ -25,6 +26,7 @@ from dpsub.data.aux import (
     check_aux_config,
     convert_images,
 )
+from dpsub.errors import DataError
 
 from conftest import SHARED_ROOT
 
@@ -271,9 +273,57 @@ def test_natural_small_npz(mono: DatasetBundle, tmp_path: Path) -> None:
     assert aux.x.shape == (30, 1, 28, 28)
     with pytest.raises(ValueError, match=r"^aux\.num_samples: 31 exceeds the 30"):
         build_aux({"name": "natural", "num_samples": 31, "path": str(path)}, mono, "x", 0)
-    np.savez(path, pictures=images)
-    with pytest.raises(ValueError, match="'images'"):
-        build_aux({"name": "natural", "num_samples": 3, "path": str(path)}, mono, "x", 0)
+
+
+def _natural_error(data: DatasetBundle, path: Path, root: str = "x") -> str:
+    """The one-line DataError of the natural source reading ``path``."""
+    with pytest.raises(DataError) as err:
+        build_aux({"name": "natural", "num_samples": 3, "path": str(path)}, data, root, 0)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: "), msg
+    assert msg.endswith("; fix the file, or point aux.path at another one"), msg
+    return msg
+
+
+@pytest.mark.parametrize(
+    ("write", "fragment"),
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:500]), "truncated or corrupt (BadZipFile"),
+        (lambda p: p.write_bytes(b"hello"), "not a readable .npz file (ValueError"),
+        (lambda p: np.savez(p, pictures=np.zeros((4, 8, 8, 3), np.uint8)), "no 'images' array"),
+        (lambda p: np.savez(p, images=np.zeros((4, 8, 8, 3))), "must be uint8 of shape"),
+        (lambda p: np.savez(p, images=np.zeros((4, 8, 8, 2), np.uint8)), "got uint8 (4, 8, 8, 2)"),
+        (lambda p: np.savez(p, images=np.zeros(8, np.uint8)), "got uint8 (8,)"),
+        (lambda p: p.write_bytes(_npy_bytes()), "a single .npy array, not an .npz archive"),
+    ],
+    ids=["truncated", "garbage", "no-images", "float", "two-channels", "1d", "npy"],
+)
+def test_natural_malformed_npz(mono: DatasetBundle, tmp_path: Path, write, fragment: str) -> None:
+    path = tmp_path / "imgs.npz"
+    np.savez(path, images=np.zeros((30, 32, 32, 3), np.uint8))
+    write(path)
+    assert fragment in _natural_error(mono, path)
+
+
+def _npy_bytes() -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.zeros((4, 8, 8, 3), np.uint8))
+    return buf.getvalue()
+
+
+def test_natural_error_names_the_file_relative_to_the_root(mono, tmp_path: Path) -> None:
+    path = tmp_path / NATURAL
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"")
+    with pytest.raises(DataError, match=r"^aux/tinyimagenet_val_32x32\.npz: "):
+        build_aux({"name": "natural", "num_samples": 3}, mono, root=str(tmp_path), seed=0)
+
+
+def test_truncated_copy_of_the_real_natural_npz(mono: DatasetBundle, tmp_path: Path) -> None:
+    real = _require_natural() / NATURAL
+    path = tmp_path / "cut.npz"
+    path.write_bytes(real.read_bytes()[: real.stat().st_size // 2])
+    assert "BadZipFile" in _natural_error(mono, path)
 
 
 # ------------------------------------------------------------------ cifar100
@@ -309,6 +359,28 @@ def test_cifar100_from_fake_pickle(mono: DatasetBundle, rgb: DatasetBundle, tmp_
         {"name": "cifar100", "labels": "true", "num_samples": 5}, data100, str(tmp_path), 0
     )
     assert torch.equal(aux100.batch_labels(torch.Generator()), aux100.y)
+
+
+@pytest.mark.parametrize(
+    ("write", "fragment"),
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:-100]), "corrupt pickle (UnpicklingError"),
+        (
+            lambda p: p.write_bytes(pickle.dumps({b"data": np.zeros((2, 3072), np.uint8)})),
+            "no 'fine_labels' entry",
+        ),
+        (lambda p: p.write_bytes(pickle.dumps("x")), "expected a pickled dict, got str"),
+    ],
+    ids=["truncated", "no-labels", "not-a-dict"],
+)
+def test_cifar100_corrupt_pickle(mono: DatasetBundle, tmp_path: Path, write, fragment) -> None:
+    _write_fake_cifar100(tmp_path)
+    write(tmp_path / "cifar-100-python" / "train")
+    with pytest.raises(DataError) as err:
+        build_aux({"name": "cifar100", "num_samples": 4}, mono, root=str(tmp_path), seed=0)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("cifar-100-python/train: "), msg
+    assert fragment in msg and "aux.download=true" in msg, msg
 
 
 def test_cifar100_missing(mono: DatasetBundle, tmp_path: Path) -> None:

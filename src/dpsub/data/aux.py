@@ -54,7 +54,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dpsub.data.datasets import DatasetBundle, _unpickle
+from dpsub.data.datasets import DatasetBundle
+from dpsub.data.readers import bad_file, read_cifar_batch, read_npz
 from dpsub.errors import ConfigError, DatasetNotFoundError
 
 __all__ = [
@@ -338,25 +339,20 @@ def _load_natural(
             "images; point aux.path at such a file, or set data.root to the folder that holds "
             f"{NATURAL_DEFAULT_FILE}."
         )
-    with np.load(file) as npz:
-        if "images" not in npz.files:
-            raise ValueError(f"{file} (aux.path) has no 'images' array; keys: {npz.files}")
-        images = npz["images"]
+    hint = "fix the file, or point aux.path at another one"
+    images = read_npz(file, root, ("images",), hint)["images"]
     if images.ndim == 3:
         images = images[..., None]
-    if images.ndim != 4 or images.shape[-1] not in (1, 3):
-        raise ValueError(
-            f"{file} (aux.path): 'images' must have shape (n, H, W, 3) or (n, H, W), "
-            f"got {images.shape}"
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
+        problem = (
+            "'images' must be uint8 of shape (n, H, W, 3) or (n, H, W), "
+            f"got {images.dtype} {images.shape}"
         )
+        raise bad_file(file, root, problem, hint)
     _check_count(num_samples, len(images), str(file))
     idx = _random_pick(len(images), num_samples, generator).numpy()
     x = torch.from_numpy(np.ascontiguousarray(images[idx])).permute(0, 3, 1, 2)
     return convert_images(x, data.in_shape, data.mean, data.std), None, data
-
-
-def _get(d: dict, key: str):
-    return d[key] if key in d else d[key.encode()]
 
 
 def _load_cifar100(
@@ -389,9 +385,8 @@ def _load_cifar100(
             "data.root to the folder that holds it, or aux.download=true on a machine with "
             "internet access."
         )
-    batch = _unpickle(directory / train_file)
-    images = np.asarray(_get(batch, "data"), dtype=np.uint8).reshape(-1, 3, 32, 32)
-    labels = np.asarray(_get(batch, "fine_labels"), dtype=np.int64)
+    hint = "re-download it (aux.download=true) or fix data.root"
+    images, labels = read_cifar_batch(file, root, "fine_labels", hint)
     _check_count(num_samples, len(images), f"CIFAR-100 train ({directory / train_file})")
     idx = _random_pick(len(images), num_samples, generator).numpy()
     x = convert_images(torch.from_numpy(images[idx]), data.in_shape, data.mean, data.std)
