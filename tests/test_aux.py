@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -17,15 +18,8 @@ from omegaconf import OmegaConf
 
 from dpsub.config import ConfigError
 from dpsub.data import DatasetBundle, DatasetNotFoundError, load_dataset
-from dpsub.data.aux import (
-    AUX_DEFAULTS,
-    AUX_SOURCES,
-    LABEL_MODES,
-    AuxData,
-    build_aux,
-    check_aux_config,
-    convert_images,
-)
+from dpsub.data.aux import AUX_LOADERS, AuxData, build_aux, convert_images, source
+from dpsub.data.aux_options import AUX_SOURCES, LABEL_MODES, check_aux_config
 from dpsub.errors import DataError
 
 from conftest import SHARED_ROOT
@@ -97,7 +91,7 @@ def test_heldout_test_is_removed_from_the_test_set(mono: DatasetBundle, m: int) 
 
 def test_public_train_is_removed_from_the_private_set(mono: DatasetBundle) -> None:
     aux, out = build_aux({"name": "public_train"}, mono, root="x", seed=3)
-    m = AUX_DEFAULTS["public_train"]["num_samples"]
+    m = AUX_SOURCES["public_train"].defaults["num_samples"]
     assert m == 100 and len(aux) == m and aux.labels == "true"
     assert len(out.train_y) == len(mono.train_y) - m == len(out.train_x)
     assert not (_rows(aux.x) & _rows(out.train_x))
@@ -482,11 +476,43 @@ def test_conf_files_match_the_sources() -> None:
         cfg = OmegaConf.create({"data": {"root": "/r"}, "aux": node})
         opts = OmegaConf.to_container(cfg.aux, resolve=True)
         assert opts.pop("name") == name
-        assert set(opts) == set(AUX_DEFAULTS[name]), name  # every option, nothing else
+        assert set(opts) == set(AUX_SOURCES[name].defaults), name  # every option, nothing else
         for key, value in opts.items():
             if key == "path":
                 assert value == "/r/aux/tinyimagenet_val_32x32.npz"
             else:
-                assert value == AUX_DEFAULTS[name][key], (name, key)
+                assert value == AUX_SOURCES[name].defaults[key], (name, key)
         assert opts["labels"] in LABEL_MODES
         check_aux_config(cfg.aux)
+
+
+# ------------------------------------------------------------ declarations
+
+
+def test_every_declared_source_has_exactly_one_loader() -> None:
+    assert list(AUX_LOADERS) == list(AUX_SOURCES)
+    for name, declared in AUX_SOURCES.items():
+        assert declared.name == name and declared.summary and "\n" not in declared.summary
+        assert set(declared.defaults) >= {"num_samples", "labels", "seed"}
+    with pytest.raises(TypeError):
+        AUX_SOURCES["natural"].defaults["num_samples"] = 1  # read-only declarations
+
+
+def test_a_loader_needs_a_declaration() -> None:
+    with pytest.raises(ValueError, match="'imagenet' is not declared in dpsub.data.aux_options"):
+        source("imagenet")
+    with pytest.raises(ValueError, match="'natural' already has a loader"):
+        source("natural")
+    assert "imagenet" not in AUX_LOADERS
+
+
+def test_aux_options_imports_neither_torch_nor_numpy() -> None:
+    code = (
+        "import sys\n"
+        "from dpsub.data.aux_options import AUX_SOURCES, check_aux_config\n"
+        "for name in AUX_SOURCES:\n"
+        "    check_aux_config({'name': name})\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -217,7 +217,7 @@ def validate(cfg: DictConfig) -> DictConfig:
         name,
     )
     _check_kwargs("mechanism", MECHANISMS[name].__init__, mech, skip=("noise_multiplier",))
-    from dpsub.data.aux import check_aux_config
+    from dpsub.data.aux_options import check_aux_config
 
     check_aux_config(OmegaConf.to_container(cfg.aux, resolve=True))
     if MECHANISMS[name].needs_aux and cfg.aux.name == "none":

@@ -45,6 +45,7 @@ from dpsub.data.readers import (
     read_svhn_mat,
     unpickle,
 )
+from dpsub.data.subsets import NotEnoughExamples, balanced_pick, random_pick
 from dpsub.errors import DatasetNotFoundError
 
 __all__ = [
@@ -418,7 +419,7 @@ def _subset_indices(
     """Deterministic (in ``seed``) subset of ``train_size`` indices, sorted.
 
     Balanced: ``train_size // num_classes`` per class, the remainder spread one
-    each over the first classes.
+    each over the first classes (:func:`~dpsub.data.subsets.balanced_pick`).
     """
     n = len(y)
     if train_size > n:
@@ -427,20 +428,15 @@ def _subset_indices(
         raise ValueError(f"dataset.train_size must be positive, got {train_size}")
     g = torch.Generator().manual_seed(seed)
     if not balanced:
-        return torch.randperm(n, generator=g)[:train_size].sort().values
-    base, extra = divmod(train_size, num_classes)
-    picked = []
-    for cls in range(num_classes):
-        want = base + (1 if cls < extra else 0)
-        members = (y == cls).nonzero().flatten()
-        if want > len(members):
-            raise ValueError(
-                f"dataset.train_size={train_size} with dataset.balanced=true needs {want} examples "
-                f"of class {cls}, but the training set has only {len(members)}; lower "
-                "dataset.train_size or set dataset.balanced=false"
-            )
-        picked.append(members[torch.randperm(len(members), generator=g)[:want]])
-    return torch.cat(picked).sort().values
+        return random_pick(n, train_size, g)
+    try:
+        return balanced_pick(y, train_size, num_classes, g)
+    except NotEnoughExamples as e:
+        raise ValueError(
+            f"dataset.train_size={train_size} with dataset.balanced=true needs {e.want} examples "
+            f"of class {e.cls}, but the training set has only {e.have}; lower "
+            "dataset.train_size or set dataset.balanced=false"
+        ) from None
 
 
 def _to_float(x: torch.Tensor, size: int | None) -> torch.Tensor:
