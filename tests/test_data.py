@@ -46,8 +46,9 @@ def test_digits_shapes_split_and_normalization(digits: DatasetBundle) -> None:
     assert digits.in_shape == (1, 28, 28)
     assert digits.train_x.dtype == torch.float32 and digits.train_y.dtype == torch.int64
     assert digits.num_classes == 10 and digits.classes == [str(i) for i in range(10)]
-    assert abs(digits.train_x.mean().item()) < 1e-4
-    assert abs(digits.train_x.std().item() - 1.0) < 1e-3
+    # pixels in [0, 1] normalized with the data-independent 0.5 / 0.5: [-1, 1]
+    assert digits.mean == (0.5,) and digits.std == (0.5,)
+    assert digits.train_x.min().item() == -1.0 and digits.train_x.max().item() == 1.0
     # stratified split: every class in both splits, in roughly 80/20 proportion
     tr, te = torch.bincount(digits.train_y), torch.bincount(digits.test_y)
     assert (te > 0).all() and ((tr.float() / (tr + te).float() - 0.8).abs() < 0.02).all()
@@ -554,3 +555,37 @@ def test_balanced_pick_remainder_and_shortfall() -> None:
 def test_balanced_train_size_too_large_for_a_class() -> None:
     with pytest.raises(ValueError, match=r"needs 144 examples of class \d, but .* only"):
         load_dataset("digits", root="unused", train_size=1437)
+
+
+# ------------------------------------------- normalization is not a private statistic
+
+
+def test_digits_normalization_ignores_the_training_images(monkeypatch) -> None:
+    """Perturbing a training image must not change the normalization."""
+    import sklearn.datasets
+
+    base = load_dataset("digits", root="unused")
+    real = sklearn.datasets.load_digits
+
+    def perturbed(*args, **kwargs):
+        d = real(*args, **kwargs)
+        d.images[0] = 16.0  # the first image (in the training split) all white
+        return d
+
+    monkeypatch.setattr(sklearn.datasets, "load_digits", perturbed)
+    other = load_dataset("digits", root="unused")
+    assert not torch.equal(other.train_x, base.train_x)
+    assert (other.mean, other.std) == (base.mean, base.std)
+    small = load_dataset("digits", root="unused", train_size=100)
+    assert (small.mean, small.std) == (base.mean, base.std)
+
+
+def test_synthetic_normalization_comes_from_the_generator() -> None:
+    opts = {"n_train": 100, "n_test": 20, "channels": 3, "size": 8, "num_classes": 4}
+    a = load_dataset("synthetic", root="unused", synthetic=opts)
+    b = load_dataset("synthetic", root="unused", synthetic={**opts, "n_train": 3000})
+    assert (a.mean, a.std) == (b.mean, b.std)  # other samples, same distribution
+    # ... and they are the distribution's: a large sample is standardized
+    assert b.train_x.mean().abs() < 0.02 and (b.train_x.std() - 1).abs() < 0.02
+    noisier = load_dataset("synthetic", root="unused", synthetic={**opts, "noise": 2.0})
+    assert all(n > s for n, s in zip(noisier.std, a.std, strict=True))

@@ -8,9 +8,10 @@ Design notes
 
 * One small loader per dataset, registered in :data:`LOADERS`. A loader returns the
   raw split (uint8 images, or floats already in their final range) plus the
-  per-channel mean/std to normalize with (``None`` = compute from the training split).
-  :func:`load_dataset` does the shared work: optional ``train_size`` subset, optional
-  resize, normalization.
+  per-channel mean/std to normalize with: fixed constants, never statistics computed
+  from the (private) training data at run time, which would reach the model without
+  noise. :func:`load_dataset` does the shared work: optional ``train_size`` subset,
+  optional resize, normalization.
 * Files are read directly (IDX ``.gz`` files for MNIST-like data, the CIFAR-10
   python pickles, the SVHN ``.mat`` files) rather than through torchvision's
   dataset classes. This is fast (no per-item PIL loop), never writes to ``root``
@@ -114,8 +115,8 @@ class _Raw:
     test_y: torch.Tensor
     classes: list[str] | None
     num_classes: int
-    mean: tuple[float, ...] | None = None  # None: computed from the training split
-    std: tuple[float, ...] | None = None
+    mean: tuple[float, ...]  # per-channel normalization: constants, not data statistics
+    std: tuple[float, ...]
     default_size: int | None = None  # resize to this when image_size is not given
 
 
@@ -167,8 +168,15 @@ def _require_files(
 # ------------------------------------------------------------------------ loaders
 
 
+#: Normalization of the digits: the pixel range [0, 1] mapped to [-1, 1]. A constant
+#: of the value range, chosen without looking at any data, so no statistic of the
+#: (private) training images reaches the model (their own mean/std would, unnoised).
+DIGITS_MEAN, DIGITS_STD = (0.5,), (0.5,)
+
+
 def _load_digits(root: Path, download: bool, **_: object) -> _Raw:
-    """scikit-learn's bundled 8x8 digits, [0, 1], fixed stratified 80/20 split."""
+    """scikit-learn's bundled 8x8 digits, [0, 1], fixed stratified 80/20 split,
+    normalized with the data-independent :data:`DIGITS_MEAN` / :data:`DIGITS_STD`."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -180,7 +188,8 @@ def _load_digits(root: Path, download: bool, **_: object) -> _Raw:
     return _Raw(
         torch.from_numpy(x[idx_tr]), torch.from_numpy(y[idx_tr]),
         torch.from_numpy(x[idx_te]), torch.from_numpy(y[idx_te]),
-        classes=DIGIT_CLASSES, num_classes=10, default_size=28,
+        classes=DIGIT_CLASSES, num_classes=10, mean=DIGITS_MEAN, std=DIGITS_STD,
+        default_size=28,
     )  # fmt: skip
 
 
@@ -376,6 +385,8 @@ def _load_synthetic(root: Path, download: bool, synthetic: dict | None = None, *
 
     Each class has a random 4x4 pattern per channel, upsampled to ``size``; an image
     is its class pattern plus i.i.d. noise. Deterministic in ``synthetic.seed``.
+    Normalized with the generator's own distribution (:func:`_mixture_stats`), not
+    with statistics of the drawn samples.
     """
     cfg = dict(SYNTHETIC_DEFAULTS)
     unknown = set(synthetic or {}) - set(cfg)
@@ -396,7 +407,17 @@ def _load_synthetic(root: Path, download: bool, synthetic: dict | None = None, *
 
     tr_x, tr_y = sample(int(cfg["n_train"]))
     te_x, te_y = sample(int(cfg["n_test"]))
-    return _Raw(tr_x, tr_y, te_x, te_y, classes=None, num_classes=k)
+    mean, std = _mixture_stats(patterns, float(cfg["noise"]))
+    return _Raw(tr_x, tr_y, te_x, te_y, classes=None, num_classes=k, mean=mean, std=std)
+
+
+def _mixture_stats(patterns: torch.Tensor, noise: float) -> tuple[tuple[float, ...], ...]:
+    """Per-channel mean and std of the synthetic distribution: an equal mixture of
+    the class patterns ``(k, C, H, W)`` (pixel position uniform) plus N(0, noise^2)
+    pixel noise. Exact, from the generator's parameters alone."""
+    per_channel = patterns.transpose(0, 1).flatten(1).double()  # (C, k * H * W)
+    var = per_channel.var(dim=1, unbiased=False) + noise**2
+    return tuple(per_channel.mean(dim=1).tolist()), tuple(var.sqrt().tolist())
 
 
 LOADERS: dict[str, Callable[..., _Raw]] = {
@@ -450,11 +471,6 @@ def _to_float(x: torch.Tensor, size: int | None) -> torch.Tensor:
     return x.contiguous()
 
 
-def _channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    x64 = x.transpose(0, 1).flatten(1).double()
-    return tuple(x64.mean(1).tolist()), tuple(x64.std(1).tolist())
-
-
 def _normalize_(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
     shape = (1, len(mean), 1, 1)
     x.sub_(torch.tensor(mean, dtype=x.dtype).view(shape))
@@ -495,17 +511,13 @@ def load_dataset(
     raw = LOADERS[name](root, download, use_extra=use_extra, synthetic=synthetic)
     size = image_size if image_size is not None else raw.default_size
 
-    if raw.mean is None or raw.std is None:
-        # Statistics of the full training split (independent of train_size).
-        train_x = _to_float(raw.train_x, size)
-        mean, std = _channel_stats(train_x)
-    else:
-        train_x, mean, std = raw.train_x, raw.mean, raw.std
-    train_y = raw.train_y.long()
+    train_x, train_y, mean, std = raw.train_x, raw.train_y.long(), raw.mean, raw.std
+    if len(mean) != train_x.shape[1] or len(std) != train_x.shape[1]:
+        raise ValueError(f"{name}: mean/std {mean}/{std} do not match {train_x.shape[1]} channels")
     if train_size is not None:
         idx = _subset_indices(train_y, int(train_size), raw.num_classes, balanced, seed)
         train_x, train_y = train_x[idx], train_y[idx]
-    train_x = _to_float(train_x, size)  # no-op (no copy) when already converted
+    train_x = _to_float(train_x, size)
     test_x = _to_float(raw.test_x, size)
     _normalize_(train_x, mean, std)
     _normalize_(test_x, mean, std)
