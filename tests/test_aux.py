@@ -4,7 +4,9 @@ auxiliary example is ever in the evaluation set or in the private training set."
 
 from __future__ import annotations
 
+import io
 import pickle
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -16,15 +18,9 @@ from omegaconf import OmegaConf
 
 from dpsub.config import ConfigError
 from dpsub.data import DatasetBundle, DatasetNotFoundError, load_dataset
-from dpsub.data.aux import (
-    AUX_DEFAULTS,
-    AUX_SOURCES,
-    LABEL_MODES,
-    AuxData,
-    build_aux,
-    check_aux_config,
-    convert_images,
-)
+from dpsub.data.aux import AUX_LOADERS, AuxData, build_aux, convert_images, source
+from dpsub.data.aux_options import AUX_SOURCES, LABEL_MODES, check_aux_config
+from dpsub.errors import DataError
 
 from conftest import SHARED_ROOT
 
@@ -95,7 +91,7 @@ def test_heldout_test_is_removed_from_the_test_set(mono: DatasetBundle, m: int) 
 
 def test_public_train_is_removed_from_the_private_set(mono: DatasetBundle) -> None:
     aux, out = build_aux({"name": "public_train"}, mono, root="x", seed=3)
-    m = AUX_DEFAULTS["public_train"]["num_samples"]
+    m = AUX_SOURCES["public_train"].defaults["num_samples"]
     assert m == 100 and len(aux) == m and aux.labels == "true"
     assert len(out.train_y) == len(mono.train_y) - m == len(out.train_x)
     assert not (_rows(aux.x) & _rows(out.train_x))
@@ -271,9 +267,57 @@ def test_natural_small_npz(mono: DatasetBundle, tmp_path: Path) -> None:
     assert aux.x.shape == (30, 1, 28, 28)
     with pytest.raises(ValueError, match=r"^aux\.num_samples: 31 exceeds the 30"):
         build_aux({"name": "natural", "num_samples": 31, "path": str(path)}, mono, "x", 0)
-    np.savez(path, pictures=images)
-    with pytest.raises(ValueError, match="'images'"):
-        build_aux({"name": "natural", "num_samples": 3, "path": str(path)}, mono, "x", 0)
+
+
+def _natural_error(data: DatasetBundle, path: Path, root: str = "x") -> str:
+    """The one-line DataError of the natural source reading ``path``."""
+    with pytest.raises(DataError) as err:
+        build_aux({"name": "natural", "num_samples": 3, "path": str(path)}, data, root, 0)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: "), msg
+    assert msg.endswith("; fix the file, or point aux.path at another one"), msg
+    return msg
+
+
+@pytest.mark.parametrize(
+    ("write", "fragment"),
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:500]), "truncated or corrupt (BadZipFile"),
+        (lambda p: p.write_bytes(b"hello"), "not a readable .npz file (ValueError"),
+        (lambda p: np.savez(p, pictures=np.zeros((4, 8, 8, 3), np.uint8)), "no 'images' array"),
+        (lambda p: np.savez(p, images=np.zeros((4, 8, 8, 3))), "must be uint8 of shape"),
+        (lambda p: np.savez(p, images=np.zeros((4, 8, 8, 2), np.uint8)), "got uint8 (4, 8, 8, 2)"),
+        (lambda p: np.savez(p, images=np.zeros(8, np.uint8)), "got uint8 (8,)"),
+        (lambda p: p.write_bytes(_npy_bytes()), "a single .npy array, not an .npz archive"),
+    ],
+    ids=["truncated", "garbage", "no-images", "float", "two-channels", "1d", "npy"],
+)
+def test_natural_malformed_npz(mono: DatasetBundle, tmp_path: Path, write, fragment: str) -> None:
+    path = tmp_path / "imgs.npz"
+    np.savez(path, images=np.zeros((30, 32, 32, 3), np.uint8))
+    write(path)
+    assert fragment in _natural_error(mono, path)
+
+
+def _npy_bytes() -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.zeros((4, 8, 8, 3), np.uint8))
+    return buf.getvalue()
+
+
+def test_natural_error_names_the_file_relative_to_the_root(mono, tmp_path: Path) -> None:
+    path = tmp_path / NATURAL
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"")
+    with pytest.raises(DataError, match=r"^aux/tinyimagenet_val_32x32\.npz: "):
+        build_aux({"name": "natural", "num_samples": 3}, mono, root=str(tmp_path), seed=0)
+
+
+def test_truncated_copy_of_the_real_natural_npz(mono: DatasetBundle, tmp_path: Path) -> None:
+    real = _require_natural() / NATURAL
+    path = tmp_path / "cut.npz"
+    path.write_bytes(real.read_bytes()[: real.stat().st_size // 2])
+    assert "BadZipFile" in _natural_error(mono, path)
 
 
 # ------------------------------------------------------------------ cifar100
@@ -309,6 +353,28 @@ def test_cifar100_from_fake_pickle(mono: DatasetBundle, rgb: DatasetBundle, tmp_
         {"name": "cifar100", "labels": "true", "num_samples": 5}, data100, str(tmp_path), 0
     )
     assert torch.equal(aux100.batch_labels(torch.Generator()), aux100.y)
+
+
+@pytest.mark.parametrize(
+    ("write", "fragment"),
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:-100]), "corrupt pickle (UnpicklingError"),
+        (
+            lambda p: p.write_bytes(pickle.dumps({b"data": np.zeros((2, 3072), np.uint8)})),
+            "no 'fine_labels' entry",
+        ),
+        (lambda p: p.write_bytes(pickle.dumps("x")), "expected a pickled dict, got str"),
+    ],
+    ids=["truncated", "no-labels", "not-a-dict"],
+)
+def test_cifar100_corrupt_pickle(mono: DatasetBundle, tmp_path: Path, write, fragment) -> None:
+    _write_fake_cifar100(tmp_path)
+    write(tmp_path / "cifar-100-python" / "train")
+    with pytest.raises(DataError) as err:
+        build_aux({"name": "cifar100", "num_samples": 4}, mono, root=str(tmp_path), seed=0)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("cifar-100-python/train: "), msg
+    assert fragment in msg and "aux.download=true" in msg, msg
 
 
 def test_cifar100_missing(mono: DatasetBundle, tmp_path: Path) -> None:
@@ -410,11 +476,43 @@ def test_conf_files_match_the_sources() -> None:
         cfg = OmegaConf.create({"data": {"root": "/r"}, "aux": node})
         opts = OmegaConf.to_container(cfg.aux, resolve=True)
         assert opts.pop("name") == name
-        assert set(opts) == set(AUX_DEFAULTS[name]), name  # every option, nothing else
+        assert set(opts) == set(AUX_SOURCES[name].defaults), name  # every option, nothing else
         for key, value in opts.items():
             if key == "path":
                 assert value == "/r/aux/tinyimagenet_val_32x32.npz"
             else:
-                assert value == AUX_DEFAULTS[name][key], (name, key)
+                assert value == AUX_SOURCES[name].defaults[key], (name, key)
         assert opts["labels"] in LABEL_MODES
         check_aux_config(cfg.aux)
+
+
+# ------------------------------------------------------------ declarations
+
+
+def test_every_declared_source_has_exactly_one_loader() -> None:
+    assert list(AUX_LOADERS) == list(AUX_SOURCES)
+    for name, declared in AUX_SOURCES.items():
+        assert declared.name == name and declared.summary and "\n" not in declared.summary
+        assert set(declared.defaults) >= {"num_samples", "labels", "seed"}
+    with pytest.raises(TypeError):
+        AUX_SOURCES["natural"].defaults["num_samples"] = 1  # read-only declarations
+
+
+def test_a_loader_needs_a_declaration() -> None:
+    with pytest.raises(ValueError, match="'imagenet' is not declared in dpsub.data.aux_options"):
+        source("imagenet")
+    with pytest.raises(ValueError, match="'natural' already has a loader"):
+        source("natural")
+    assert "imagenet" not in AUX_LOADERS
+
+
+def test_aux_options_imports_neither_torch_nor_numpy() -> None:
+    code = (
+        "import sys\n"
+        "from dpsub.data.aux_options import AUX_SOURCES, check_aux_config\n"
+        "for name in AUX_SOURCES:\n"
+        "    check_aux_config({'name': name})\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

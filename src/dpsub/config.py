@@ -128,7 +128,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     Imports nothing heavy (no torch): an invalid config fails in well under a second.
     Model options are checked when the model is built (before anything is written).
     """
-    from dpsub.data.aux import check_aux_config
+    from dpsub.data.aux_options import check_aux_config
     from dpsub.data.names import DATASETS
     from dpsub.mechanisms.options import SPECS, parse_options
     from dpsub.models import MODELS

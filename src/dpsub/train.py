@@ -27,8 +27,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dpsub.errors import ConfigError, ResumeError, exit_code
+from dpsub.paths import conf_dir
 
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+CONF_DIR = str(conf_dir())  # the wheel's dpsub/conf, or the repository's conf/
 MULTIRUN_FLAGS = ("-m", "--multirun")
 
 

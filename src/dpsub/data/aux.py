@@ -3,24 +3,13 @@
 GEP computes its gradient subspace from the per-example gradients of m auxiliary
 samples ("anchor" gradients); PDP-SGD from the gradients of a small public set.
 :func:`build_aux` turns the ``aux`` config group into an :class:`AuxData` of m
-examples in the private data's shape and normalization:
+examples in the private data's shape and normalization.
 
-========================  ==========================================================  ======
-source                    samples                                                     labels
-========================  ==========================================================  ======
-``none``                  no auxiliary data (the default)                             -
-``natural``               natural images from an npz file of RGB uint8 images (key    no
-                          ``images``, (n, H, W, 3)); default
-                          ``<data.root>/aux/tinyimagenet_val_32x32.npz``, the
-                          stand-in for GEP's 2000 downsampled ImageNet images
-``cifar100``              CIFAR-100 training images (torchvision's python pickle,     yes
-                          ``<data.root>/cifar-100-python/train``)
-``heldout_test``          m examples of the private dataset's *test* split, removed   yes
-                          from the returned test set
-``public_train``          m examples of the private dataset's *train* split,          yes
-                          removed from the private training set (PDP-SGD: m = 100)
-``gaussian``              N(0, 1) noise images in the private shape (sanity baseline)  no
-========================  ==========================================================  ======
+The sources (``natural``, ``cifar100``, ``heldout_test``, ``public_train``,
+``gaussian``; ``none`` for no auxiliary data) are declared in
+:data:`dpsub.data.aux_options.AUX_SOURCES` with their options, defaults, labels and
+a one-line summary each; this module holds their loaders, registered with
+``@source(name)`` in :data:`AUX_LOADERS` (only declared names are accepted).
 
 Sources that take their samples from the private dataset's splits remove them
 from the private set or from the evaluation set, so an auxiliary example is never
@@ -39,37 +28,46 @@ labels (heldout_test, public_train, and cifar100 when the private data has 100 c
 
 Selection of the m examples is random without replacement and deterministic in
 ``aux.seed`` (default: the run seed); heldout_test and public_train select
-class-balanced subsets (as balanced as the class counts allow).
+class-balanced subsets with :func:`dpsub.data.subsets.balanced_pick` (the picker
+of ``dataset.train_size``; a class with too few examples gives all it has and the
+rest is drawn from the other classes).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dpsub.data.datasets import DatasetBundle, _unpickle
+from dpsub.data.aux_options import (
+    AUX_SOURCES,
+    LABEL_MODES,
+    NATURAL_DEFAULT_FILE,
+    aux_options,
+    check_aux_config,
+    label_mode,
+)
+from dpsub.data.datasets import DatasetBundle
+from dpsub.data.readers import bad_file, read_cifar_batch, read_npz
+from dpsub.data.subsets import balanced_pick, random_pick
 from dpsub.errors import ConfigError, DatasetNotFoundError
 
 __all__ = [
-    "AUX_DEFAULTS",
+    "AUX_LOADERS",
     "AUX_SOURCES",
     "LABEL_MODES",
     "AuxData",
     "build_aux",
     "check_aux_config",
     "convert_images",
+    "source",
 ]
 
-LABEL_MODES = ("random_per_step", "random_once", "true")
-
-NATURAL_DEFAULT_FILE = "aux/tinyimagenet_val_32x32.npz"  # relative to data.root
 # torchvision.datasets.CIFAR100's layout (not imported unless downloading: it is slow)
 CIFAR100_FOLDER = "cifar-100-python"
 CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
@@ -119,112 +117,6 @@ class AuxData:
         return f"aux {self.source}: {len(self)} examples, shape {c}x{h}x{w}, labels {self.labels}"
 
 
-# ------------------------------------------------------------------ options
-
-_COMMON = {"num_samples": 2000, "labels": "random_per_step", "seed": None}
-
-#: Every option of every source with its default (``name`` aside). ``path: None``
-#: means ``<data.root>/aux/tinyimagenet_val_32x32.npz``.
-AUX_DEFAULTS: dict[str, dict[str, Any]] = {
-    "natural": {**_COMMON, "path": None},
-    "cifar100": {**_COMMON, "download": False},
-    "heldout_test": dict(_COMMON),
-    "public_train": {**_COMMON, "num_samples": 100, "labels": "true"},  # PDP-SGD
-    "gaussian": dict(_COMMON),
-}
-
-#: Whether a source has true labels (``aux.labels=true``).
-_HAS_LABELS = {
-    "natural": False,
-    "cifar100": True,
-    "heldout_test": True,
-    "public_train": True,
-    "gaussian": False,
-}
-#: Number of classes of a source's own labels, where it is not the private data's.
-_SOURCE_CLASSES = {"cifar100": 100}
-
-
-def _config_error(msg: str) -> ValueError:
-    return ConfigError(msg)
-
-
-def _as_dict(options: Any) -> dict[str, Any]:
-    """A plain dict from a dict or an OmegaConf node (interpolations resolved)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    if options is None:
-        return {"name": "none"}
-    if isinstance(options, DictConfig):
-        return dict(OmegaConf.to_container(options, resolve=True))
-    if isinstance(options, Mapping):
-        return dict(options)
-    raise TypeError(f"aux config must be a mapping, got {type(options).__name__}")
-
-
-def _label_mode(value: Any) -> Any:
-    """YAML and Hydra turn ``labels: true`` into the boolean True: map it back."""
-    if value is True:
-        return "true"
-    return value
-
-
-def check_aux_config(options: Mapping[str, Any]) -> None:
-    """Validate the options of the ``aux`` group; raise ``ConfigError`` naming the key.
-
-    Checks the source name, unknown options, ``num_samples``, ``labels`` (``true``
-    only for sources with labels), ``seed`` and the source-specific options. Checks
-    that need the data (sizes, class counts) happen in :func:`build_aux`.
-    """
-    opts = _as_dict(options)
-    name = opts.get("name", "none")
-    if name == "none":
-        extra = sorted(k for k in opts if k != "name")
-        if extra:
-            raise _config_error(
-                f"aux.{extra[0]}: unknown option for aux source none; valid options: ['name']"
-            )
-        return
-    if name not in AUX_SOURCES:
-        raise _config_error(
-            f"aux.name: unknown auxiliary data source {name!r}; "
-            f"choose from {['none', *AUX_SOURCES]}"
-        )
-    valid = ["name", *AUX_DEFAULTS[name]]
-    for key in opts:
-        if key not in valid:
-            raise _config_error(
-                f"aux.{key}: unknown option for aux source {name}; valid options: {sorted(valid)}"
-            )
-    o = {**AUX_DEFAULTS[name], **opts}
-
-    m = o["num_samples"]
-    if isinstance(m, bool) or not isinstance(m, int):
-        raise _config_error(f"aux.num_samples: must be an integer >= 1, got {m!r}")
-    if m < 1:
-        raise _config_error(f"aux.num_samples: must be >= 1, got {m!r}")
-
-    labels = _label_mode(o["labels"])
-    if labels not in LABEL_MODES:
-        raise _config_error(f"aux.labels: must be one of {LABEL_MODES}, got {o['labels']!r}")
-    if labels == "true" and not _HAS_LABELS[name]:
-        raise _config_error(
-            f"aux.labels: 'true' needs labels, but aux source {name} has none; "
-            "use random_per_step (GEP paper) or random_once (GEP code)"
-        )
-
-    seed = o["seed"]
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise _config_error(f"aux.seed: must be an integer or null, got {seed!r}")
-
-    if name == "natural":
-        path = o["path"]
-        if path is not None and (not isinstance(path, (str, Path)) or not str(path)):
-            raise _config_error(f"aux.path: must be a file path or null, got {path!r}")
-    if name == "cifar100" and not isinstance(o["download"], bool):
-        raise _config_error(f"aux.download: must be true or false, got {o['download']!r}")
-
-
 # ------------------------------------------------------------ conversion
 
 
@@ -271,36 +163,10 @@ _SELECT, _LABELS = 0, 1  # streams: selection (and gaussian noise), random_once 
 
 def _check_count(m: int, available: int, what: str) -> None:
     if m > available:
-        raise _config_error(
+        raise ConfigError(
             f"aux.num_samples: {m} exceeds the {available} examples available in {what}; "
             "lower aux.num_samples"
         )
-
-
-def _random_pick(n: int, m: int, g: torch.Generator) -> torch.Tensor:
-    return torch.randperm(n, generator=g)[:m].sort().values
-
-
-def _balanced_pick(y: torch.Tensor, m: int, num_classes: int, g: torch.Generator) -> torch.Tensor:
-    """m indices, ``m // num_classes`` per class (the remainder to random classes);
-    a class with too few examples gives all it has and the rest is drawn at random
-    from the other examples. Sorted, deterministic in ``g``."""
-    perm = torch.randperm(len(y), generator=g)
-    y_perm = y[perm]
-    base, extra = divmod(m, num_classes)
-    bonus = set(torch.randperm(num_classes, generator=g)[:extra].tolist())
-    picked, rest = [], []
-    for cls in range(num_classes):
-        members = perm[y_perm == cls]
-        want = base + (1 if cls in bonus else 0)
-        picked.append(members[:want])
-        rest.append(members[want:])
-    rest.append(perm[(y_perm < 0) | (y_perm >= num_classes)])
-    short = m - sum(len(p) for p in picked)
-    if short > 0:
-        pool = torch.cat(rest)
-        picked.append(pool[torch.randperm(len(pool), generator=g)[:short]])
-    return torch.cat(picked).sort().values
 
 
 def _complement(n: int, idx: torch.Tensor) -> torch.Tensor:
@@ -314,6 +180,29 @@ def _complement(n: int, idx: torch.Tensor) -> torch.Tensor:
 # normalization, their true labels (or None) and the (possibly reduced) data.
 
 _Sample = tuple[torch.Tensor, "torch.Tensor | None", DatasetBundle]
+_Loader = Callable[..., _Sample]
+
+#: The loader of each declared auxiliary data source (``none`` aside), called as
+#: ``loader(data, num_samples, generator, root, **source_options)``.
+AUX_LOADERS: dict[str, _Loader] = {}
+
+
+def source(name: str) -> Callable[[_Loader], _Loader]:
+    """Register the decorated function as the loader of the aux source ``name``,
+    which must be declared in :data:`~dpsub.data.aux_options.AUX_SOURCES`."""
+    if name not in AUX_SOURCES:
+        raise ValueError(
+            f"aux source {name!r} is not declared in dpsub.data.aux_options.AUX_SOURCES "
+            f"(declared: {list(AUX_SOURCES)})"
+        )
+    if name in AUX_LOADERS:
+        raise ValueError(f"aux source {name!r} already has a loader")
+
+    def register(loader: _Loader) -> _Loader:
+        AUX_LOADERS[name] = loader
+        return loader
+
+    return register
 
 
 def _resolve_path(path: str | Path | None, root: Path) -> Path:
@@ -325,6 +214,7 @@ def _resolve_path(path: str | Path | None, root: Path) -> Path:
     return Path(text).expanduser()
 
 
+@source("natural")
 def _load_natural(
     data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path,
     path: str | Path | None = None,
@@ -338,27 +228,23 @@ def _load_natural(
             "images; point aux.path at such a file, or set data.root to the folder that holds "
             f"{NATURAL_DEFAULT_FILE}."
         )
-    with np.load(file) as npz:
-        if "images" not in npz.files:
-            raise ValueError(f"{file} (aux.path) has no 'images' array; keys: {npz.files}")
-        images = npz["images"]
+    hint = "fix the file, or point aux.path at another one"
+    images = read_npz(file, root, ("images",), hint)["images"]
     if images.ndim == 3:
         images = images[..., None]
-    if images.ndim != 4 or images.shape[-1] not in (1, 3):
-        raise ValueError(
-            f"{file} (aux.path): 'images' must have shape (n, H, W, 3) or (n, H, W), "
-            f"got {images.shape}"
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
+        problem = (
+            "'images' must be uint8 of shape (n, H, W, 3) or (n, H, W), "
+            f"got {images.dtype} {images.shape}"
         )
+        raise bad_file(file, root, problem, hint)
     _check_count(num_samples, len(images), str(file))
-    idx = _random_pick(len(images), num_samples, generator).numpy()
+    idx = random_pick(len(images), num_samples, generator).numpy()
     x = torch.from_numpy(np.ascontiguousarray(images[idx])).permute(0, 3, 1, 2)
     return convert_images(x, data.in_shape, data.mean, data.std), None, data
 
 
-def _get(d: dict, key: str):
-    return d[key] if key in d else d[key.encode()]
-
-
+@source("cifar100")
 def _load_cifar100(
     data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path,
     download: bool = False,
@@ -389,11 +275,10 @@ def _load_cifar100(
             "data.root to the folder that holds it, or aux.download=true on a machine with "
             "internet access."
         )
-    batch = _unpickle(directory / train_file)
-    images = np.asarray(_get(batch, "data"), dtype=np.uint8).reshape(-1, 3, 32, 32)
-    labels = np.asarray(_get(batch, "fine_labels"), dtype=np.int64)
+    hint = "re-download it (aux.download=true) or fix data.root"
+    images, labels = read_cifar_batch(file, root, "fine_labels", hint)
     _check_count(num_samples, len(images), f"CIFAR-100 train ({directory / train_file})")
-    idx = _random_pick(len(images), num_samples, generator).numpy()
+    idx = random_pick(len(images), num_samples, generator).numpy()
     x = convert_images(torch.from_numpy(images[idx]), data.in_shape, data.mean, data.std)
     return x, torch.from_numpy(labels[idx]), data
 
@@ -404,40 +289,32 @@ def _split_off(
     """Take a class-balanced slice of ``split`` ("train" / "test") and remove it from ``data``."""
     xs, ys = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
     _check_count(num_samples, len(ys) - 1, f"the {split} split of {data.name} ({what})")
-    idx = _balanced_pick(ys, num_samples, data.num_classes, generator)
+    idx = balanced_pick(ys, num_samples, data.num_classes, generator, fill=True)
     keep = _complement(len(ys), idx)
     rest = dataclasses.replace(data, **{f"{split}_x": xs[keep], f"{split}_y": ys[keep]})
     return xs[idx].clone(), ys[idx].clone(), rest
 
 
+@source("heldout_test")
 def _load_heldout_test(
     data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path
 ) -> _Sample:
     return _split_off(data, "test", num_samples, generator, "leaving >= 1 to evaluate on")
 
 
+@source("public_train")
 def _load_public_train(
     data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path
 ) -> _Sample:
     return _split_off(data, "train", num_samples, generator, "leaving >= 1 private example")
 
 
+@source("gaussian")
 def _load_gaussian(
     data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path
 ) -> _Sample:
     x = torch.randn((num_samples, *data.in_shape), generator=generator)
     return x, None, data
-
-
-#: The loader of each auxiliary data source (``none`` aside), called as
-#: ``loader(data, num_samples, generator, root, **source_options)``.
-AUX_SOURCES: dict[str, Callable[..., _Sample]] = {
-    "natural": _load_natural,
-    "cifar100": _load_cifar100,
-    "heldout_test": _load_heldout_test,
-    "public_train": _load_public_train,
-    "gaussian": _load_gaussian,
-}
 
 
 # ------------------------------------------------------------------ entry
@@ -452,25 +329,26 @@ def build_aux(cfg, data: DatasetBundle, root: str, seed: int):
     ``aux.seed`` is set. heldout_test / public_train return ``data`` with the
     auxiliary examples removed from its test / train split.
     """
-    opts = _as_dict(cfg)
+    opts = aux_options(cfg)
     check_aux_config(opts)
     name = opts.pop("name", "none")
     if name == "none":
         return None, data
-    o = {**AUX_DEFAULTS[name], **opts}
-    labels = _label_mode(o.pop("labels"))
+    declared = AUX_SOURCES[name]
+    o = {**declared.defaults, **opts}
+    labels = label_mode(o.pop("labels"))
     m = int(o.pop("num_samples"))
     aux_seed = o.pop("seed")
     aux_seed = int(seed if aux_seed is None else aux_seed)
 
-    src_classes = _SOURCE_CLASSES.get(name, data.num_classes)
+    src_classes = declared.num_classes or data.num_classes
     if labels == "true" and src_classes != data.num_classes:
-        raise _config_error(
+        raise ConfigError(
             f"aux.labels: 'true' uses the {src_classes} classes of aux source {name}, but "
             f"{data.name} has {data.num_classes}; use random_per_step or random_once"
         )
 
-    x, y, data = AUX_SOURCES[name](
+    x, y, data = AUX_LOADERS[name](
         data,
         num_samples=m,
         generator=_generator(aux_seed, _SELECT),

@@ -8,9 +8,10 @@ Design notes
 
 * One small loader per dataset, registered in :data:`LOADERS`. A loader returns the
   raw split (uint8 images, or floats already in their final range) plus the
-  per-channel mean/std to normalize with (``None`` = compute from the training split).
-  :func:`load_dataset` does the shared work: optional ``train_size`` subset, optional
-  resize, normalization.
+  per-channel mean/std to normalize with: fixed constants, never statistics computed
+  from the (private) training data at run time, which would reach the model without
+  noise. :func:`load_dataset` does the shared work: optional ``train_size`` subset,
+  optional resize, normalization.
 * Files are read directly (IDX ``.gz`` files for MNIST-like data, the CIFAR-10
   python pickles, the SVHN ``.mat`` files) rather than through torchvision's
   dataset classes. This is fast (no per-item PIL loop), never writes to ``root``
@@ -18,6 +19,8 @@ Design notes
   the ``.gz`` files next to themselves), and avoids torchvision's md5 checks, so small
   hand-made copies in the same format load too. The expected files are checked
   *before* anything is read, and a missing file raises :class:`DatasetNotFoundError`.
+  A file that is there but truncated or malformed raises :class:`~dpsub.errors.DataError`,
+  one line naming it (the readers in :mod:`dpsub.data.readers` check each format).
 * ``download=True`` uses torchvision's own downloaders (``MNIST(root, download=True)``
   etc., which verify md5s) only when files are missing; any failure is re-raised as
   :class:`DatasetNotFoundError` explaining where to put the files by hand.
@@ -26,8 +29,6 @@ Design notes
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dpsub.data.readers import (
+    REDOWNLOAD,
+    bad_file,
+    read_cifar_batch,
+    read_idx,
+    read_npz,
+    read_svhn_mat,
+    unpickle,
+)
+from dpsub.data.subsets import NotEnoughExamples, balanced_pick, random_pick
 from dpsub.errors import DatasetNotFoundError
 
 __all__ = [
@@ -104,8 +115,8 @@ class _Raw:
     test_y: torch.Tensor
     classes: list[str] | None
     num_classes: int
-    mean: tuple[float, ...] | None = None  # None: computed from the training split
-    std: tuple[float, ...] | None = None
+    mean: tuple[float, ...]  # per-channel normalization: constants, not data statistics
+    std: tuple[float, ...]
     default_size: int | None = None  # resize to this when image_size is not given
 
 
@@ -157,8 +168,15 @@ def _require_files(
 # ------------------------------------------------------------------------ loaders
 
 
+#: Normalization of the digits: the pixel range [0, 1] mapped to [-1, 1]. A constant
+#: of the value range, chosen without looking at any data, so no statistic of the
+#: (private) training images reaches the model (their own mean/std would, unnoised).
+DIGITS_MEAN, DIGITS_STD = (0.5,), (0.5,)
+
+
 def _load_digits(root: Path, download: bool, **_: object) -> _Raw:
-    """scikit-learn's bundled 8x8 digits, [0, 1], fixed stratified 80/20 split."""
+    """scikit-learn's bundled 8x8 digits, [0, 1], fixed stratified 80/20 split,
+    normalized with the data-independent :data:`DIGITS_MEAN` / :data:`DIGITS_STD`."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -170,20 +188,9 @@ def _load_digits(root: Path, download: bool, **_: object) -> _Raw:
     return _Raw(
         torch.from_numpy(x[idx_tr]), torch.from_numpy(y[idx_tr]),
         torch.from_numpy(x[idx_te]), torch.from_numpy(y[idx_te]),
-        classes=DIGIT_CLASSES, num_classes=10, default_size=28,
+        classes=DIGIT_CLASSES, num_classes=10, mean=DIGITS_MEAN, std=DIGITS_STD,
+        default_size=28,
     )  # fmt: skip
-
-
-def _read_idx(path: Path) -> np.ndarray:
-    """Read an IDX file (MNIST format), gzipped or not."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        buf = bytearray(f.read())
-    if buf[0] != 0 or buf[1] != 0 or buf[2] != 0x08:
-        raise ValueError(f"{path} is not an uint8 IDX file")
-    ndim = buf[3]
-    dims = np.frombuffer(buf, dtype=">i4", count=ndim, offset=4)
-    return np.frombuffer(buf, dtype=np.uint8, offset=4 + 4 * ndim).reshape(tuple(dims))
 
 
 def _idx_path(raw_dir: Path, gz_name: str) -> Path | None:
@@ -207,8 +214,10 @@ def _mnist_like(tv_name: str, name: str, root: Path, download: bool, mean, std, 
         download=(lambda: tv_cls(str(root), train=True, download=True)) if download else None,
         present=lambda d, f: _idx_path(d, f) is not None,
     )  # fmt: skip
-    arrays = [_read_idx(_idx_path(raw_dir, f)) for f in files]  # type: ignore[arg-type]
-    tr_x, tr_y, te_x, te_y = (torch.from_numpy(a) for a in arrays)
+    paths = [_idx_path(raw_dir, f) for f in files]  # train images, labels, test images, labels
+    tr_x, tr_y, te_x, te_y = (torch.from_numpy(read_idx(p, root)) for p in paths)
+    _check_image_label_pair(tr_x, tr_y, paths[0], paths[1], root)
+    _check_image_label_pair(te_x, te_y, paths[2], paths[3], root)
     return _Raw(
         tr_x[:, None], tr_y.long(), te_x[:, None], te_y.long(),
         classes=classes, num_classes=10, mean=mean, std=std,
@@ -228,9 +237,13 @@ def _load_fashion_mnist(root: Path, download: bool, **_: object) -> _Raw:
     )
 
 
-def _unpickle(path: Path) -> dict:
-    with open(path, "rb") as f:
-        return pickle.load(f, encoding="latin1")
+def _check_image_label_pair(x, y, x_path: Path, y_path: Path, root: Path) -> None:
+    """IDX images (n, H, W) and labels (n,) that belong together."""
+    if x.ndim != 3:
+        raise bad_file(x_path, root, f"expected images of shape (n, H, W), got {tuple(x.shape)}")
+    if tuple(y.shape) != (len(x),):
+        problem = f"expected {len(x)} labels (one per image of {x_path.name}), got {len(y)}"
+        raise bad_file(y_path, root, problem)
 
 
 def _load_cifar10(root: Path, download: bool, **_: object) -> _Raw:
@@ -249,18 +262,44 @@ def _load_cifar10(root: Path, download: bool, **_: object) -> _Raw:
     )  # fmt: skip
 
     def read(names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        batches = [_unpickle(directory / n) for n in names]
-        x = np.concatenate([b["data"] for b in batches]).reshape(-1, 3, 32, 32)
-        y = np.concatenate([np.asarray(b["labels"], dtype=np.int64) for b in batches])
+        batches = [read_cifar_batch(directory / n, root) for n in names]
+        x = np.concatenate([b[0] for b in batches])
+        y = np.concatenate([b[1] for b in batches])
         return torch.from_numpy(x), torch.from_numpy(y)
 
     tr_x, tr_y = read(train_files)
     te_x, te_y = read(test_files)
-    classes = list(_unpickle(directory / tv.meta["filename"])[tv.meta["key"]])
+    classes = _class_names(directory / tv.meta["filename"], tv.meta["key"], root)
     return _Raw(
         tr_x, tr_y, te_x, te_y, classes=classes, num_classes=10,
         mean=CIFAR10_MEAN, std=CIFAR10_STD,
     )  # fmt: skip
+
+
+def _class_names(path: Path, key: str, root: Path, hint: str = REDOWNLOAD) -> list[str]:
+    """The class names in a CIFAR ``batches.meta`` pickle."""
+    names = unpickle(path, root, hint).get(key)
+    if not isinstance(names, list) or len(names) != 10:
+        raise bad_file(path, root, f"'{key}' must be a list of 10 class names", hint)
+    return [str(n) for n in names]
+
+
+def _read_cifar10_subset(path: Path, root: Path, hint: str):
+    """Images (n, 3, 32, 32) uint8, labels (n,) int64 and a test-split mask (n,)."""
+    arrays = read_npz(path, root, ("data", "labels", "batch"), hint)
+    data, labels, batch = arrays["data"], arrays["labels"], arrays["batch"]
+    if data.dtype != np.uint8 or data.ndim != 4 or data.shape[1:] != (3, 32, 32):
+        problem = f"'data' must be uint8 (n, 3, 32, 32), got {data.dtype} {data.shape}"
+        raise bad_file(path, root, problem, hint)
+    n = len(data)
+    if labels.shape != (n,) or batch.shape != (n,) or labels.dtype.kind not in "iu":
+        problem = f"'labels' and 'batch' must hold {n} entries each: {labels.shape}, {batch.shape}"
+        raise bad_file(path, root, problem, hint)
+    if batch.dtype.kind in "US":
+        is_test = np.char.find(batch.astype(str), "test") >= 0
+    else:
+        is_test = batch.astype(np.int64) == 6
+    return data, labels.astype(np.int64), is_test
 
 
 def _load_cifar10_subset(root: Path, download: bool, **_: object) -> _Raw:
@@ -277,14 +316,10 @@ def _load_cifar10_subset(root: Path, download: bool, **_: object) -> _Raw:
         "downloaded, use dataset.name=cifar10 for the full dataset)",
         root=root, downloadable=False,
     )  # fmt: skip
-    with np.load(directory / fname) as npz:
-        data, labels, batch = npz["data"], npz["labels"].astype(np.int64), npz["batch"]
-    if batch.dtype.kind in "US":
-        is_test = np.char.find(batch.astype(str), "test") >= 0
-    else:
-        is_test = batch.astype(np.int64) == 6
+    hint = "copy it again or fix data.root"
+    data, labels, is_test = _read_cifar10_subset(directory / fname, root, hint)
     meta = directory / "batches.meta"
-    classes = list(_unpickle(meta)["label_names"]) if meta.is_file() else CIFAR10_CLASSES
+    classes = _class_names(meta, "label_names", root, hint) if meta.is_file() else CIFAR10_CLASSES
     return _Raw(
         torch.from_numpy(data[~is_test]), torch.from_numpy(labels[~is_test]),
         torch.from_numpy(data[is_test]), torch.from_numpy(labels[is_test]),
@@ -292,14 +327,8 @@ def _load_cifar10_subset(root: Path, download: bool, **_: object) -> _Raw:
     )  # fmt: skip
 
 
-def _read_svhn_mat(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """An SVHN ``*_32x32.mat``: X (32, 32, 3, n) uint8, y (n, 1) with 10 meaning 0."""
-    from scipy.io import loadmat
-
-    mat = loadmat(str(path))
-    x = np.ascontiguousarray(np.transpose(mat["X"], (3, 2, 0, 1)))  # (n, 3, 32, 32)
-    y = mat["y"].astype(np.int64).reshape(-1)
-    y[y == 10] = 0  # same mapping as torchvision.datasets.SVHN
+def _read_svhn(path: Path, root: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = read_svhn_mat(path, root)
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
@@ -329,10 +358,10 @@ def _load_svhn(root: Path, download: bool, use_extra: bool = False, **_: object)
         f"put them in {root / 'svhn'} or directly in {root}",
         root=root, download=fetch if download else None,
     )  # fmt: skip
-    tr_x, tr_y = _read_svhn_mat(directory / files["train"])
-    te_x, te_y = _read_svhn_mat(directory / files["test"])
+    tr_x, tr_y = _read_svhn(directory / files["train"], root)
+    te_x, te_y = _read_svhn(directory / files["test"], root)
     if use_extra:
-        ex_x, ex_y = _read_svhn_mat(directory / files["extra"])
+        ex_x, ex_y = _read_svhn(directory / files["extra"], root)
         tr_x, tr_y = torch.cat([tr_x, ex_x]), torch.cat([tr_y, ex_y])
     return _Raw(
         tr_x, tr_y, te_x, te_y, classes=DIGIT_CLASSES, num_classes=10,
@@ -356,6 +385,8 @@ def _load_synthetic(root: Path, download: bool, synthetic: dict | None = None, *
 
     Each class has a random 4x4 pattern per channel, upsampled to ``size``; an image
     is its class pattern plus i.i.d. noise. Deterministic in ``synthetic.seed``.
+    Normalized with the generator's own distribution (:func:`_mixture_stats`), not
+    with statistics of the drawn samples.
     """
     cfg = dict(SYNTHETIC_DEFAULTS)
     unknown = set(synthetic or {}) - set(cfg)
@@ -376,7 +407,17 @@ def _load_synthetic(root: Path, download: bool, synthetic: dict | None = None, *
 
     tr_x, tr_y = sample(int(cfg["n_train"]))
     te_x, te_y = sample(int(cfg["n_test"]))
-    return _Raw(tr_x, tr_y, te_x, te_y, classes=None, num_classes=k)
+    mean, std = _mixture_stats(patterns, float(cfg["noise"]))
+    return _Raw(tr_x, tr_y, te_x, te_y, classes=None, num_classes=k, mean=mean, std=std)
+
+
+def _mixture_stats(patterns: torch.Tensor, noise: float) -> tuple[tuple[float, ...], ...]:
+    """Per-channel mean and std of the synthetic distribution: an equal mixture of
+    the class patterns ``(k, C, H, W)`` (pixel position uniform) plus N(0, noise^2)
+    pixel noise. Exact, from the generator's parameters alone."""
+    per_channel = patterns.transpose(0, 1).flatten(1).double()  # (C, k * H * W)
+    var = per_channel.var(dim=1, unbiased=False) + noise**2
+    return tuple(per_channel.mean(dim=1).tolist()), tuple(var.sqrt().tolist())
 
 
 LOADERS: dict[str, Callable[..., _Raw]] = {  # one per name in dpsub.data.names.DATASETS
@@ -399,7 +440,7 @@ def _subset_indices(
     """Deterministic (in ``seed``) subset of ``train_size`` indices, sorted.
 
     Balanced: ``train_size // num_classes`` per class, the remainder spread one
-    each over the first classes.
+    each over the first classes (:func:`~dpsub.data.subsets.balanced_pick`).
     """
     n = len(y)
     if train_size > n:
@@ -408,20 +449,15 @@ def _subset_indices(
         raise ValueError(f"dataset.train_size must be positive, got {train_size}")
     g = torch.Generator().manual_seed(seed)
     if not balanced:
-        return torch.randperm(n, generator=g)[:train_size].sort().values
-    base, extra = divmod(train_size, num_classes)
-    picked = []
-    for cls in range(num_classes):
-        want = base + (1 if cls < extra else 0)
-        members = (y == cls).nonzero().flatten()
-        if want > len(members):
-            raise ValueError(
-                f"dataset.train_size={train_size} with dataset.balanced=true needs {want} examples "
-                f"of class {cls}, but the training set has only {len(members)}; lower "
-                "dataset.train_size or set dataset.balanced=false"
-            )
-        picked.append(members[torch.randperm(len(members), generator=g)[:want]])
-    return torch.cat(picked).sort().values
+        return random_pick(n, train_size, g)
+    try:
+        return balanced_pick(y, train_size, num_classes, g)
+    except NotEnoughExamples as e:
+        raise ValueError(
+            f"dataset.train_size={train_size} with dataset.balanced=true needs {e.want} examples "
+            f"of class {e.cls}, but the training set has only {e.have}; lower "
+            "dataset.train_size or set dataset.balanced=false"
+        ) from None
 
 
 def _to_float(x: torch.Tensor, size: int | None) -> torch.Tensor:
@@ -433,11 +469,6 @@ def _to_float(x: torch.Tensor, size: int | None) -> torch.Tensor:
             x, size=(size, size), mode="bilinear", align_corners=False, antialias=shrink
         )
     return x.contiguous()
-
-
-def _channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    x64 = x.transpose(0, 1).flatten(1).double()
-    return tuple(x64.mean(1).tolist()), tuple(x64.std(1).tolist())
 
 
 def _normalize_(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
@@ -480,17 +511,13 @@ def load_dataset(
     raw = LOADERS[name](root, download, use_extra=use_extra, synthetic=synthetic)
     size = image_size if image_size is not None else raw.default_size
 
-    if raw.mean is None or raw.std is None:
-        # Statistics of the full training split (independent of train_size).
-        train_x = _to_float(raw.train_x, size)
-        mean, std = _channel_stats(train_x)
-    else:
-        train_x, mean, std = raw.train_x, raw.mean, raw.std
-    train_y = raw.train_y.long()
+    train_x, train_y, mean, std = raw.train_x, raw.train_y.long(), raw.mean, raw.std
+    if len(mean) != train_x.shape[1] or len(std) != train_x.shape[1]:
+        raise ValueError(f"{name}: mean/std {mean}/{std} do not match {train_x.shape[1]} channels")
     if train_size is not None:
         idx = _subset_indices(train_y, int(train_size), raw.num_classes, balanced, seed)
         train_x, train_y = train_x[idx], train_y[idx]
-    train_x = _to_float(train_x, size)  # no-op (no copy) when already converted
+    train_x = _to_float(train_x, size)
     test_x = _to_float(raw.test_x, size)
     _normalize_(train_x, mean, std)
     _normalize_(test_x, mean, std)

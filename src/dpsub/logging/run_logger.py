@@ -8,14 +8,20 @@ goes online when an API key is configured. Offline runs live under
 from __future__ import annotations
 
 import json
+import logging
 import math
 import netrc
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+#: How long :meth:`RunLogger.close` waits for W&B to write an offline run's file.
+OFFLINE_FLUSH_TIMEOUT_S = 120.0
+
+log = logging.getLogger(__name__)
 
 
 def has_wandb_key() -> bool:
@@ -93,10 +99,85 @@ class RunLogger:
             for k, v in values.items():
                 self.wandb_run.summary[k] = v
 
-    def close(self) -> None:
-        if self.wandb_run is not None:
-            self.wandb_run.finish()
-            self.wandb_run = None
+    def close(self, timeout: float = OFFLINE_FLUSH_TIMEOUT_S) -> None:
+        """Finish the W&B run; offline, return only once its ``.wandb`` file is complete.
+
+        ``wandb.finish()`` returns when the wandb service *process* has handled the
+        run's exit record, but that process buffers the transaction log (the
+        ``.wandb`` file) and writes it out only when it closes the run's stream, which
+        ``finish()`` requests without waiting for it. So wait until the file holds
+        the exit record (all earlier records are then on disk too), for at most
+        ``timeout`` seconds; past that, warn and go on (metrics.jsonl is complete).
+        """
+        if self.wandb_run is None:
+            return
+        run, self.wandb_run = self.wandb_run, None
+        sync_file = Path(run.settings.sync_file) if self.mode == "offline" else None
+        run.finish()
+        if sync_file is not None and not _wait_for_exit_record(sync_file, timeout):
+            log.warning(
+                "W&B offline run file %s is still incomplete after %.0f s; "
+                "`wandb sync` may miss its last records",
+                sync_file,
+                timeout,
+            )
+
+
+# The .wandb transaction log is a LevelDB log: a 7-byte file header (":W&B", magic,
+# version) at the start of the first 32 KiB block, then chunks that never cross a
+# block boundary, each with a 7-byte header (crc32, little-endian length, type).
+_BLOCK, _HEADER = 32 * 1024, 7
+_FULL, _LAST = 1, 4
+
+
+def _complete_records(data: bytes, pos: int = _HEADER):
+    """Yield the payload of each complete record of ``data`` from ``pos`` (a record
+    start); stop at a record that is not fully written yet."""
+    parts: list[bytes] = []
+    while True:
+        left = _BLOCK - pos % _BLOCK
+        if left < _HEADER:  # zero padding up to the next block
+            pos += left
+            continue
+        if pos + _HEADER > len(data):
+            return
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        end = pos + _HEADER + length
+        if kind == 0 or end > len(data):  # not written yet
+            return
+        parts.append(data[pos + _HEADER : end])
+        pos = end
+        if kind in (_FULL, _LAST):
+            yield b"".join(parts)
+            parts = []
+
+
+def _has_exit_record(path: Path) -> bool:
+    """Whether W&B's transaction log at ``path`` holds the run's exit record
+    (False for a file that is missing, incomplete or unreadable)."""
+    from google.protobuf.message import DecodeError
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes() if path.is_file() else b""
+    for payload in _complete_records(data):
+        record = pb.Record()
+        try:
+            record.ParseFromString(payload)
+        except DecodeError:
+            return False
+        if record.WhichOneof("record_type") == "exit":
+            return True
+    return False
+
+
+def _wait_for_exit_record(path: Path, timeout: float, poll: float = 0.05) -> bool:
+    """Poll until ``path`` holds the exit record (True) or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while not _has_exit_record(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+    return True
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -1,0 +1,62 @@
+"""`dpsub-train --help` (conf/hydra/help/dpsub.yaml): it renders, lists every config
+group, and every key it documents exists in the composed config."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+
+
+@pytest.fixture(scope="module")
+def help_text() -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpsub.train", "hydra/help=dpsub", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DPSUB_DATA": "/nonexistent"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _section(text: str, title: str) -> str:
+    """The lines after the heading ``== title ... ==``, up to the next heading."""
+    return "\n" + text.split(f"== {title}")[1].split("\n", 1)[1].split("\n== ")[0]
+
+
+def test_help_renders_every_group_and_the_examples(help_text: str) -> None:
+    assert help_text.startswith("dpsub-train: ") and "${" not in help_text
+    groups = _section(help_text, "Config groups")
+    for group in (p for p in CONF.iterdir() if p.is_dir() and p.name != "hydra"):
+        options = ", ".join(sorted(f.stem for f in group.glob("*.yaml")))
+        assert f"\n{group.name}: {options}\n" in groups, group.name
+    examples = [line for line in _section(help_text, "Examples").splitlines() if line.strip()]
+    assert len(examples) == 4 and all(e.startswith("dpsub-train ") for e in examples)
+    assert "--multirun,-m" in _section(help_text, "Flags")  # Hydra's $FLAGS_HELP
+
+
+def test_documented_keys_exist(help_text: str) -> None:
+    keys = _section(help_text, "Main keys")
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config")
+    documented = [line.split()[0] for line in keys.splitlines() if line[:1].strip()]
+    assert {"privacy.epsilon", "train.batch_size", "mechanism.*", "aux.*", "resume"} <= set(
+        documented
+    )
+    for key in documented:
+        assert OmegaConf.select(cfg, key.removesuffix(".*"), default="missing") != "missing", key
+    # the options named for mechanism.* and aux.* exist in some file of their group
+    for group, option in re.findall(r"\b(mechanism|aux)\.([a-z_]+)\b", keys):
+        files = (CONF / group).glob("*.yaml")
+        assert any(option in OmegaConf.load(f) for f in files), f"{group}.{option}"

@@ -1,0 +1,60 @@
+"""Tests of dpsub.logging: metrics.jsonl and the offline W&B transaction log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from dpsub.logging import RunLogger, read_metrics
+from dpsub.logging.run_logger import _wait_for_exit_record
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def _logger_cfg(mode: str):
+    """The ``logger`` group as conf/logger/wandb.yaml has it, with ``mode`` set."""
+    cfg = OmegaConf.load(CONF / "logger" / "wandb.yaml")
+    cfg.mode = mode
+    return cfg
+
+
+def test_offline_run_is_on_disk_when_close_returns(tmp_path: Path, monkeypatch) -> None:
+    """close() returns only once the ``.wandb`` file holds what was logged.
+
+    wandb writes the transaction log in a separate service process that buffers it
+    and closes the file after ``finish()`` has returned, so reading it right after
+    ``close()`` saw only the file header on a busy machine.
+    """
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    # A config record longer than a 32 KiB block: the exit record after it is found
+    # only if records split over blocks are read correctly.
+    cfg = {"seed": 0, "note": "x" * 70_000}
+    logger = RunLogger(tmp_path, cfg, _logger_cfg("offline"), run_name="t")
+    for step in range(1, 4):
+        logger.log({"train/loss": 1.0 / step, "epsilon": 0.1 * step}, step=step)
+    logger.log({"test/accuracy": 0.5}, step=3)
+    logger.summary({"test_accuracy": 0.5})
+    logger.close()
+
+    files = list((tmp_path / "wandb").glob("offline-run-*/*.wandb"))
+    assert len(files) == 1
+    blob = files[0].read_bytes()
+    for key in (b"train/loss", b"epsilon", b"test/accuracy"):
+        assert key in blob, key
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2, 3, 3]
+
+    # the completeness check itself: the full file passes, cut-off copies do not
+    assert len(blob) > 70_000 and _wait_for_exit_record(files[0], timeout=0)
+    for size in (7, 40_000, len(blob) - 3):
+        cut = tmp_path / f"cut{size}.wandb"
+        cut.write_bytes(blob[:size])
+        assert not _wait_for_exit_record(cut, timeout=0), size
+
+
+def test_disabled_writes_only_metrics_jsonl(tmp_path: Path) -> None:
+    logger = RunLogger(tmp_path, {}, _logger_cfg("disabled"), run_name="t")
+    logger.log({"train/loss": 0.5}, step=1)
+    logger.close()
+    assert not (tmp_path / "wandb").exists()
+    assert read_metrics(tmp_path) == [{"step": 1, "train/loss": 0.5}]

@@ -1,0 +1,96 @@
+"""The wheel is installable and carries its Hydra configs (dpsub/conf).
+
+Builds the wheel with uv, installs it into a fresh venv and checks, from a working
+directory outside the repository, that the installed package holds
+``dpsub/conf/config.yaml`` and that :func:`dpsub.paths.conf_dir` points at it.
+
+The dependencies come from uv's cache, offline: uv's cache holds the wheels of the
+locked versions but not the package index pages an offline resolve of the wheel's
+requirements would need, so the fresh venv gets exactly the locked dependencies
+(``uv sync --frozen --no-install-project``), the wheel is installed on top with
+``--no-deps`` and ``uv pip check`` confirms that the two agree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _uv() -> list[str]:
+    """The command that runs uv, or skip the test."""
+    found = shutil.which("uv")
+    candidates = [[found]] if found else []
+    candidates += [[sys.executable, "-m", "uv"], ["python3", "-m", "uv"]]
+    for cmd in candidates:
+        try:
+            if subprocess.run([*cmd, "--version"], capture_output=True).returncode == 0:
+                return cmd
+        except OSError:
+            continue
+    pytest.skip("uv is not available (neither `uv` nor `python -m uv`); it builds the wheel")
+
+
+def _run(*args, cwd: Path, env: dict | None = None) -> str:
+    proc = subprocess.run(list(map(str, args)), cwd=cwd, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, f"{args}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The python of a fresh venv with the built wheel installed (not editable)."""
+    uv, tmp = _uv(), tmp_path_factory.mktemp("wheel")
+    _run(*uv, "build", "--wheel", "--out-dir", tmp / "dist", cwd=REPO)
+    (wheel,) = (tmp / "dist").glob("dpsub-*.whl")
+    venv = tmp / "venv"
+    _run(*uv, "venv", "--python", sys.executable, venv, cwd=tmp)
+    env = {**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)}
+    sync = ("sync", "--frozen", "--offline", "--no-dev", "--no-install-project")
+    _run(*uv, *sync, cwd=REPO, env=env)
+    python = venv / "bin" / "python"
+    _run(*uv, "pip", "install", "--offline", "--no-deps", "--python", python, wheel, cwd=tmp)
+    _run(*uv, "pip", "check", "--python", python, cwd=tmp)
+    return python
+
+
+def test_installed_package_carries_its_configs(installed: Path, tmp_path: Path) -> None:
+    code = (
+        "import dpsub, pathlib\n"
+        "from dpsub.paths import conf_dir\n"
+        "pkg = pathlib.Path(dpsub.__file__).parent\n"
+        "print(pkg)\n"
+        "print(conf_dir())\n"
+    )
+    pkg, conf = map(Path, _run(installed, "-c", code, cwd=tmp_path).split())
+    assert installed.parent.parent in pkg.parents  # the venv's copy, not the checkout
+    assert (pkg / "conf" / "config.yaml").is_file()
+    assert conf == pkg / "conf"
+    groups = {p.name for p in (REPO / "conf").iterdir() if p.is_dir()}
+    assert groups <= {p.name for p in conf.iterdir() if p.is_dir()}
+
+
+def test_installed_configs_compose(installed: Path, tmp_path: Path) -> None:
+    """Hydra composes the packaged configs, groups included, in the installed venv."""
+    code = (
+        "from hydra import compose, initialize_config_dir\n"
+        "from dpsub.paths import conf_dir\n"
+        "with initialize_config_dir(config_dir=str(conf_dir()), version_base='1.3'):\n"
+        "    cfg = compose('config', overrides=['dataset=mnist', 'mechanism=gep', 'aux=natural'])\n"
+        "print(cfg.dataset.name, cfg.mechanism.name, cfg.aux.name)\n"
+    )
+    assert _run(installed, "-c", code, cwd=tmp_path).split() == ["mnist", "gep", "natural"]
+
+
+def test_conf_dir_in_a_checkout_is_the_repository_conf() -> None:
+    """Editable / dev install: the top-level conf/, so edits apply without reinstalling."""
+    from dpsub.paths import conf_dir
+
+    assert conf_dir() == REPO / "conf"

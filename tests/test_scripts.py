@@ -1,0 +1,142 @@
+"""scripts/plot_runs.py and scripts/summarize_runs.py on tiny fake run dirs, run as
+the user runs them (subprocesses from another working directory)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+CONFIG = """\
+dataset: {name: mnist, train_size: 1000}
+model: {name: mnist_cnn}
+mechanism: {name: MECH}
+privacy: {epsilon: 2.0, delta: 1.0e-05}
+train: {epochs: 10, batch_size: 256}
+optim: {lr: 0.5}
+"""
+
+
+def make_run(parent: Path, name: str, mech: str = "dpsgd", acc: float = 0.5) -> Path:
+    """A finished run dir: metrics.jsonl, summary.json and config.yaml."""
+    run = parent / name
+    run.mkdir(parents=True)
+    rows = [
+        {"step": 5, "train/loss": 2.0, "epsilon": 0.5},
+        {"step": 10, "test/accuracy": acc, "epsilon": 1.0},
+        {"step": 20, "test/accuracy": acc + 0.1, "epsilon": 1.9, "mech/projection_error": 0.3},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"steps": 20, "noise_multiplier": 1.1, "epsilon": 1.9, "delta": 1e-5}
+    (run / "summary.json").write_text(json.dumps({**summary, "test_accuracy": acc + 0.1}))
+    (run / "config.yaml").write_text(CONFIG.replace("MECH", mech))
+    return run
+
+
+def run_script(script: str, *args, cwd: Path) -> subprocess.CompletedProcess:
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / script), *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MPLBACKEND": "Agg"},
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in proc.stderr, (fragment, proc.stderr)
+
+
+# ------------------------------------------------------------------- plot_runs
+
+
+def test_plot_runs_writes_next_to_the_runs(tmp_path: Path) -> None:
+    a, b = make_run(tmp_path / "runs", "a"), make_run(tmp_path / "runs", "b", mech="gep")
+    cwd = tmp_path / "elsewhere"
+    proc = run_script("plot_runs.py", a, b, "--metric", "mech/projection_error", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "runs" / "runs.png"
+    assert proc.stdout.strip() == f"wrote {out}"
+    assert out.read_bytes().startswith(b"\x89PNG")
+    assert list(cwd.iterdir()) == []  # nothing in the working directory
+
+
+def test_plot_runs_out(tmp_path: Path) -> None:
+    a = make_run(tmp_path, "a")
+    (a / "config.yaml").unlink()  # the legend falls back to the dir name
+    out = tmp_path / "figs" / "acc.png"
+    proc = run_script("plot_runs.py", a, "--out", out, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert out.is_file() and not (tmp_path / "runs.png").exists()
+
+
+@pytest.mark.parametrize("problem", ["missing", "no-metrics", "bad-json"])
+def test_plot_runs_bad_run_dir(tmp_path: Path, problem: str) -> None:
+    good, bad = make_run(tmp_path, "good"), tmp_path / "bad"
+    if problem == "no-metrics":
+        bad.mkdir()
+        fragment = "no metrics.jsonl"
+    elif problem == "bad-json":
+        make_run(tmp_path, "bad")
+        (bad / "metrics.jsonl").write_text('{"step": 1}\n{"step": \n')
+        fragment = "metrics.jsonl:2: not a JSON line"
+    else:
+        fragment = "no such run directory"
+    proc = run_script("plot_runs.py", good, bad, cwd=tmp_path)
+    assert_one_line_error(proc, "plot_runs: ", str(bad), fragment)
+    assert not list(tmp_path.glob("*.png"))
+
+
+# -------------------------------------------------------------- summarize_runs
+
+
+def test_summarize_runs_table(tmp_path: Path) -> None:
+    runs = [make_run(tmp_path, "r1", acc=0.5), make_run(tmp_path, "r2", "gep", acc=0.7)]
+    out = tmp_path / "table.md"
+    proc = run_script("summarize_runs.py", *runs, "--out", out, cwd=tmp_path / "elsewhere")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("| run | dataset | model | mechanism |") and len(lines) == 4
+    assert lines[2] == (
+        "| r1 | mnist (1000) | mnist_cnn | dpsgd | 10 | 256 | 0.5 | 20 | 1.100 | 1.900 "
+        "| 1e-05 | 60.00 |"
+    )
+    assert "| gep |" in lines[3] and lines[3].endswith("| 80.00 |")
+    assert out.read_text() == proc.stdout.rstrip("\n") + "\n"
+
+
+def test_summarize_runs_help_says_what_it_reads_and_prints(tmp_path: Path) -> None:
+    proc = run_script("summarize_runs.py", "--help", cwd=tmp_path)
+    assert proc.returncode == 0
+    for text in ("Markdown table", "summary.json", "config.yaml", "--out"):
+        assert text in proc.stdout, text
+
+
+@pytest.mark.parametrize("problem", ["missing", "no-summary", "no-config", "lacks-key"])
+def test_summarize_runs_bad_run_dir(tmp_path: Path, problem: str) -> None:
+    good, bad = make_run(tmp_path, "good"), tmp_path / "bad"
+    fragment = "no such run directory"
+    if problem != "missing":
+        make_run(tmp_path, "bad")
+    if problem == "no-summary":
+        (bad / "summary.json").unlink()
+        fragment = "no summary.json"
+    elif problem == "no-config":
+        (bad / "config.yaml").unlink()
+        fragment = "no config.yaml"
+    elif problem == "lacks-key":
+        (bad / "config.yaml").write_text("dataset: {name: mnist}\n")
+        fragment = "lacks a key"
+    proc = run_script("summarize_runs.py", good, bad, cwd=tmp_path)
+    assert_one_line_error(proc, "summarize_runs: ", str(bad), fragment)
+    assert proc.stdout == ""
