@@ -120,6 +120,23 @@ class FallbackNet(nn.Module):
         return self.head(h.flatten(1))
 
 
+class ConvZoo(nn.Module):
+    """Conv2d with 'same' padding of an even kernel, reflect padding with dilation, stride
+    with groups, and no bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.same = nn.Conv2d(2, 4, 4, padding="same")
+        self.reflect = nn.Conv2d(4, 4, 3, padding=2, dilation=2, padding_mode="reflect")
+        self.grouped = nn.Conv2d(4, 6, 3, stride=2, groups=2)
+        self.nobias = nn.Conv2d(6, 3, 1, bias=False)
+        self.head = nn.Linear(27, 10)
+
+    def forward(self, x):
+        h = torch.tanh(self.reflect(torch.tanh(self.same(x))))
+        return self.head(self.nobias(torch.tanh(self.grouped(h))).flatten(1))
+
+
 class SharedNet(nn.Module):
     """A Linear called twice, and two Linears sharing one weight (tied)."""
 
@@ -192,6 +209,19 @@ def test_fallback_layers_are_exact(strategy):
     }
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same'")
+@pytest.mark.parametrize("strategy", ["ghost", "materialize"])
+def test_conv_variants_are_exact(strategy):
+    torch.manual_seed(0)
+    model = ConvZoo()
+    x, y = batch((2, 8, 8), 8)
+    ref = reference(model, x, y)
+    clipper = GhostClipper(model, strategy=strategy, keep_bytes=0)
+    assert_matches(clipper.clipped_sum(x, y, ref.clip), ref)
+    assert clipper.choices["grouped"] == "materialize"  # ghost norms need groups == 1
+    assert clipper.choices["same"] == clipper.choices["reflect"] == strategy
+
+
 def test_shared_modules_and_tied_weights_are_exact():
     torch.manual_seed(0)
     model = SharedNet()
@@ -227,6 +257,31 @@ def test_nonfinite_examples_are_dropped(key, poison, strategy):
     assert_matches(res, ref)
     clean = GhostClipper(model).clipped_sum(x[~bad], y[~bad], ref.clip)
     torch.testing.assert_close(res.grad_sum, clean.grad_sum, rtol=1e-5, atol=1e-6)
+
+
+class MaskedLogits(nn.Module):
+    """Logits masked to -inf where the input says so: an infinite loss, finite gradients."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 10)
+
+    def forward(self, x):
+        x = x.flatten(1)
+        return self.fc(x).masked_fill(x[:, :10] > 100, -float("inf"))
+
+
+def test_infinite_loss_is_dropped():
+    torch.manual_seed(0)
+    model = MaskedLogits()
+    x, y = batch((1, 3, 4), 6)
+    x.view(6, -1)[3, y[3]] = 1e3  # masks example 3's true class: loss +inf
+    bad = torch.arange(6) == 3
+    res = GhostClipper(model).clipped_sum(x, y, 0.1)
+    assert torch.isinf(res.loss[3]) and torch.equal(res.nonfinite, bad)
+    ref = reference(model, x[~bad], y[~bad], 0.1)
+    torch.testing.assert_close(res.grad_sum, ref.grad_sum, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(res.norms[~bad], ref.norms, rtol=1e-4, atol=1e-7)
 
 
 def test_microbatches_sum_to_one_chunk():
@@ -311,7 +366,18 @@ class SharedTable(nn.Module):
         return self.fc(x.flatten(1) + self.pos(torch.arange(12))[:, 0])
 
 
-@pytest.mark.parametrize("cls", [Sneaky, InPlace, SharedTable])
+class BroadcastProj(nn.Module):
+    """A Linear applied to a constant row that is broadcast over the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.fc = nn.Linear(3, 12), nn.Linear(12, 10)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1) + self.proj(torch.ones(1, 3)))
+
+
+@pytest.mark.parametrize("cls", [Sneaky, InPlace, SharedTable, BroadcastProj])
 def test_models_that_hooks_cannot_account_for_are_refused(cls):
     model = cls()
     hooks = hook_counts(model)
