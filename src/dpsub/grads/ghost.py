@@ -22,10 +22,17 @@ a Conv2d whose input is unfolded into patches of size d = C_in*kh*kw) has, with 
     ||grad_W(i)||^2 = <A_i A_i^T, B_i B_i^T>     ghost norm, O(T^2 (d + out)) per example,
                     = ||B_i^T A_i||_F^2          materialized, O(T d out) per example.
 
-The per-layer choice (mixed ghost clipping) takes the cheaper total: ghost norm plus one
-book-keeping GEMM ``sum_i c_i B_i^T A_i = (c B)^T A``, against materialization whose
-stored ``grad_W(i)`` gives the clipped sum as ``sum_i c_i grad_W(i)``; ghost iff
-``T^2 (d + out) < 2 d out`` (always for T = 1, where the norm is ``||a_i||^2 ||b_i||^2``).
+A Conv2d's ``grad_W(i)`` for all i is the weight gradient of one convolution with the
+batch folded into the channels (``groups * b`` groups; on the CPU in cache-sized blocks of
+examples); its ghost norm unfolds the input (``groups == 1`` only).
+
+The clipped sum is book-keeping: ``sum_i c_i grad_W(i) = sum_i (c_i B_i)^T A_i``, the
+ordinary weight gradient of the output gradients scaled by the clip factors (one GEMM or
+weight-gradient convolution, no second backward), or ``c @ G`` when the materialized
+``grad_W(i)`` are kept (while they fit in ``keep_bytes``). The per-layer choice between
+ghost norm and materialization (mixed ghost clipping) counts the multiply-adds of both
+ways (:func:`_prefer_ghost`): ghost for a plain Linear (T = 1, where the norm is
+``||a_i||^2 ||b_i||^2``), materialization for convolutions with many output positions.
 
 Affine GroupNorm / LayerNorm get materialized per-example gradients (cheap: one value per
 channel): ``grad_weight(i) = sum_positions xhat_i * B_i``, ``grad_bias(i) = sum B_i``.
@@ -40,6 +47,12 @@ parameters shared by several modules are materialized and summed by name; stored
 activations must not be modified in place afterwards. Examples whose loss or gradient
 norm is not finite get factor 0 and their rows are zeroed before the book-keeping sums,
 so no NaN/Inf reaches ``grad_sum``; their reported norm is 0 (as in ``clip.clipped_sum``).
+(An infinite loss with a finite gradient, e.g. a true class masked to -inf, is dropped too.)
+
+Assumptions, as for any hook-based per-example method: row i of every layer's output
+depends on example i only (no BatchNorm), every layer output (and a supported layer's
+input) has the batch as its leading dimension (checked), and fallback modules are
+deterministic (``vmap`` refuses random ops such as dropout there).
 """
 
 from __future__ import annotations
@@ -331,11 +344,21 @@ def _ghost_sq(A: Tensor, B: Tensor) -> Tensor:
     return (torch.bmm(A, A.mT) * torch.bmm(B, B.mT)).sum((1, 2))
 
 
-def _use_ghost(T: int, d: int, out: int, strategy: str) -> bool:
-    """Mixed ghost clipping: ghost norm iff ``T^2 (d + out) < 2 d out`` (or forced)."""
+def _prefer_ghost(lay: _Layer, chunk: _Chunk, io: list, strategy: str) -> bool:
+    """Mixed ghost clipping: the cheaper way to the weight's norm and clipped sum, counted in
+    multiply-adds per example. Ghost norm: Gram matrices ``T^2 (d + out)`` plus the
+    book-keeping GEMM ``T d out``; materializing: ``B_i^T A_i`` (``T d out``), its norm
+    (``d out``) and ``c @ G`` (``d out``) if G fits in the budget, else the GEMM. Shared
+    weights and grouped convolutions are always materialized (or ``strategy`` forces it)."""
+    if lay.shared or (lay.kind == "conv" and lay.module.groups != 1):
+        return False
     if strategy != "auto":
         return strategy == "ghost"
-    return T * T * (d + out) < 2 * d * out
+    sizes = [_dims(lay, a, g) for a, g in io]
+    T, (_, d, out) = sum(t for t, _, _ in sizes), sizes[0]
+    kept = chunk.keep_left >= chunk.b * d * out * io[0][1].element_size()
+    ghost = T * T * (d + out) + T * d * out
+    return ghost < T * d * out + d * out + (d * out if kept else T * d * out)
 
 
 def _scaled(t: Tensor, c: Tensor, bad: Tensor | None) -> Tensor:
@@ -343,9 +366,15 @@ def _scaled(t: Tensor, c: Tensor, bad: Tensor | None) -> Tensor:
     return _zero(t, bad) * c.view(-1, *([1] * (t.dim() - 1)))
 
 
+def _book(lay: _Layer, io: list, c: Tensor, bad: Tensor | None) -> Tensor:
+    """Book-keeping: ``sum_i c_i grad_W(i) = sum_i (c_i B_i)^T A_i``, the ordinary weight
+    gradient of output gradients scaled by the clip factors (summed over the calls)."""
+    return _total(_summed(lay, _zero(a, bad), _scaled(g, c, bad)) for a, g in io)
+
+
 def _matmul_layer(lay: _Layer, chunk: _Chunk, strategy: str) -> str:
-    """Linear / Conv2d: bias materialized; weight norm by ghost norm or materialization, its
-    clipped sum by book-keeping ``sum_i B_i^T (c_i A_i)`` (or ``c @ G`` when G is kept)."""
+    """Linear / Conv2d: bias materialized; the weight's norm by ghost norm or materialized
+    ``grad_W(i)``, its clipped sum by :func:`_book` (or ``c @ G`` when G is kept)."""
     io = [(_input(c), c.grads[0]) for c in lay.calls if c.grads[0] is not None]
     if not io:
         return "unused"
@@ -353,11 +382,9 @@ def _matmul_layer(lay: _Layer, chunk: _Chunk, strategy: str) -> str:
         chunk.add(lay.names["bias"], _total(_bias_grad(lay, g) for _, g in io))
     if "weight" not in lay.params:
         return "materialize"
-    name, sizes = lay.names["weight"], [_dims(lay, a, g) for a, g in io]
-    T, (_, d, out) = sum(t for t, _, _ in sizes), sizes[0]
-    ghost_ok = not lay.shared and (lay.kind == "linear" or lay.module.groups == 1)
-    if ghost_ok and _use_ghost(T, d, out, strategy):
-        pairs = [_patches(lay, a, g) for a, g in io]
+    name = lay.names["weight"]
+    if _prefer_ghost(lay, chunk, io, strategy):
+        pairs = [_patches(lay, a, g) for a, g in io]  # several calls: T positions each
         A, B = (torch.cat(t, 1) if len(io) > 1 else t[0] for t in zip(*pairs, strict=True))
         chunk.sq += _ghost_sq(A, B)
         choice = "ghost"
@@ -368,11 +395,7 @@ def _matmul_layer(lay: _Layer, chunk: _Chunk, strategy: str) -> str:
             return "materialize"
         chunk.sq += G.flatten(1).square().sum(1)
         choice = "materialize"
-
-    def book(c: Tensor, bad: Tensor | None) -> Tensor:
-        return _total(_summed(lay, _zero(a, bad), _scaled(g, c, bad)) for a, g in io)
-
-    chunk.later.append((name, book))
+    chunk.later.append((name, functools.partial(_book, lay, io)))
     return choice
 
 
@@ -515,7 +538,11 @@ class GhostClipper:
         _check_versions(layers)
         calls = [c for lay in layers for c in lay.calls]
         outs = [(c, i) for c in calls for i, o in enumerate(c.outs) if _differentiable(o)]
-        grads = torch.autograd.grad(loss.sum(), [c.outs[i] for c, i in outs], allow_unused=True)
+        grads = (
+            torch.autograd.grad(loss.sum(), [c.outs[i] for c, i in outs], allow_unused=True)
+            if outs
+            else []
+        )
         for c in calls:
             c.grads = [None] * len(c.outs)
         for (c, i), g in zip(outs, grads, strict=True):
