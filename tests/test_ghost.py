@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+import dpsub.grads.ghost as ghost
 from dpsub.grads.clip import clipped_sum, finite_rows
 from dpsub.grads.ghost import GhostClipper, GhostError
 from dpsub.grads.layout import ParamLayout
@@ -177,6 +178,16 @@ def test_forced_strategies_match_reference(key, strategy, keep_bytes):
     assert_matches(clipper.clipped_sum(x, y, ref.clip), ref)
     matmul = {n for n, m in model.named_modules() if isinstance(m, nn.Linear | nn.Conv2d)}
     assert {clipper.choices[n] for n in matmul} == {strategy}
+
+
+def test_per_example_conv_gradients_in_blocks(monkeypatch):
+    """CPU blocks of examples: 3 (lenet-gn's first conv, 1800 bytes each), 1 (second)."""
+    monkeypatch.setattr(ghost, "_CPU_BLOCK_BYTES", 3 * 1800)
+    model, shape = make("lenet-gn")
+    x, y = batch(shape, 7)
+    ref = reference(model, x, y)
+    clipper = GhostClipper(model, strategy="materialize", keep_bytes=0)
+    assert_matches(clipper.clipped_sum(x, y, ref.clip), ref)
 
 
 def test_auto_mixes_ghost_and_materialization():
