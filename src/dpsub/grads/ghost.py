@@ -1,0 +1,593 @@
+"""Book-keeping ghost clipping: DP-SGD's clipped gradient sum from one forward and one backward.
+
+For a batch ``(x, y)`` and a clip bound C, :class:`GhostClipper` computes
+
+    grad_sum = sum_i c_i g_i,    c_i = min(1, C / (||g_i|| + 1e-12))  (0 if not finite),
+
+where ``g_i`` is the gradient of example i's cross-entropy loss w.r.t. all trainable
+parameters, exactly as materializing the ``(b, p)`` matrix of per-example gradients and
+calling :func:`dpsub.grads.clip.clipped_sum` would, but without a second backward pass
+and, for most layers, without ever forming ``g_i`` (Li et al. 2022, ghost clipping;
+Bu et al. 2022, mixed ghost clipping; Bu et al., ICML 2023, book-keeping).
+
+One forward pass stores the input ``a`` of every layer that owns trainable parameters;
+one backward pass of ``sum_i loss_i`` (w.r.t. the layer *outputs* only, so autograd
+skips the weight gradients) gives each layer's output gradient ``B``, per example since
+examples do not interact. A layer ``out = W a + bias`` applied at T positions (T = 1 for
+a plain Linear, the sequence length for a Linear on 3-D input, the output positions of
+a Conv2d whose input is unfolded into patches of size d = C_in*kh*kw) has, with A_i the
+(T, d) input and B_i the (T, out) output gradient of example i,
+
+    grad_W(i) = B_i^T A_i,        grad_bias(i) = sum_t B_i[t],
+    ||grad_W(i)||^2 = <A_i A_i^T, B_i B_i^T>     ghost norm, O(T^2 (d + out)) per example,
+                    = ||B_i^T A_i||_F^2          materialized, O(T d out) per example.
+
+A Conv2d's ``grad_W(i)`` for all i is the weight gradient of one convolution with the
+batch folded into the channels (``groups * b`` groups; on the CPU in cache-sized blocks of
+examples); its ghost norm unfolds the input (``groups == 1`` only).
+
+The clipped sum is book-keeping: ``sum_i c_i grad_W(i) = sum_i (c_i B_i)^T A_i``, the
+ordinary weight gradient of the output gradients scaled by the clip factors (one GEMM or
+weight-gradient convolution, no second backward), or ``c @ G`` when the materialized
+``grad_W(i)`` are kept (while they fit in ``keep_bytes``). The per-layer choice between
+ghost norm and materialization (mixed ghost clipping) counts the multiply-adds of both
+ways (:func:`_prefer_ghost`): ghost for a plain Linear (T = 1, where the norm is
+``||a_i||^2 ||b_i||^2``), materialization for convolutions with many output positions.
+
+Affine GroupNorm / LayerNorm get materialized per-example gradients (cheap: one value per
+channel): ``grad_weight(i) = sum_positions xhat_i * B_i``, ``grad_bias(i) = sum B_i``.
+Any other module owning trainable parameters falls back to materializing its own
+per-example gradients with ``vmap`` over the batch of ``vjp`` of its functional forward,
+given its stored inputs and output gradient, so such models stay exact.
+
+Safety: while the forward runs, a ``TorchFunctionMode`` checks that every trainable
+parameter is only used inside the forward of a module that owns it (the hooks would
+otherwise miss part of its gradient and under-estimate the norm, i.e. the sensitivity);
+parameters shared by several modules are materialized and summed by name; stored
+activations must not be modified in place afterwards. Examples whose loss or gradient
+norm is not finite get factor 0 and their rows are zeroed before the book-keeping sums,
+so no NaN/Inf reaches ``grad_sum``; their reported norm is 0 (as in ``clip.clipped_sum``).
+(An infinite loss with a finite gradient, e.g. a true class masked to -inf, is dropped too.)
+
+Assumptions, as for any hook-based per-example method: row i of every layer's output
+depends on example i only (no BatchNorm), every layer output (and a supported layer's
+input) has the batch as its leading dimension (checked), and fallback modules are
+deterministic (``vmap`` refuses random ops such as dropout there).
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, vjp, vmap
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from dpsub.grads.clip import clip_factors
+from dpsub.grads.layout import ParamLayout
+
+__all__ = ["GhostClipper", "GhostError", "GhostResult"]
+
+STRATEGIES = ("auto", "ghost", "materialize")
+# On the CPU, per-example convolution gradients are computed for as many examples at a time
+# as fit in this many bytes (cache-sized blocks: ~2x faster on resnet20's 64-channel layers
+# than the whole batch at once, measured with 1 thread); on a GPU the whole batch at once.
+_CPU_BLOCK_BYTES = 1 << 21
+
+
+class GhostError(RuntimeError):
+    """A model the hooks cannot account for exactly (the result would be wrong)."""
+
+
+@dataclass
+class GhostResult:
+    """The clipped gradient sum of a batch, with the per-example by-products."""
+
+    grad_sum: Tensor  # (p,) sum_i c_i g_i, in ParamLayout.of(model) order
+    norms: Tensor  # (b,) ||g_i|| over all trainable parameters (0 for dropped examples)
+    loss: Tensor  # (b,) per-example cross-entropy, detached
+    correct: Tensor  # (b,) bool, argmax == label
+    nonfinite: Tensor  # (b,) bool, dropped: non-finite loss or gradient
+
+
+# ------------------------------------------------------------------------ layers
+@dataclass
+class _Call:
+    """One forward call of a layer: its inputs, its output leaves and their gradients."""
+
+    args: tuple
+    kwargs: dict
+    outs: list[Tensor]  # tensor leaves of the output
+    out_spec: object  # pytree spec of the output
+    versions: list[tuple[Tensor, int]]  # stored tensors and their version counters
+    grads: list[Tensor | None] = field(default_factory=list)
+
+
+@dataclass
+class _Layer:
+    """A module owning trainable parameters and how its per-example gradients are found."""
+
+    name: str
+    module: nn.Module
+    params: dict[str, nn.Parameter]  # relative name -> parameter
+    names: dict[str, str]  # relative name -> name in the layout
+    kind: str  # "linear" | "conv" | "norm" | "fallback"
+    shared: bool = False  # a parameter also owned by another layer: materialize
+    calls: list[_Call] = field(default_factory=list)
+
+
+def _own_params(m: nn.Module) -> dict[str, nn.Parameter]:
+    """Trainable parameters of ``m`` itself, plus those of its ParameterList/Dict children."""
+    out = {n: p for n, p in m._parameters.items() if p is not None and p.requires_grad}
+    for cn, c in m._modules.items():
+        if isinstance(c, nn.ParameterList | nn.ParameterDict):
+            out.update({f"{cn}.{n}": p for n, p in _own_params(c).items()})
+    return out
+
+
+def _kind(m: nn.Module) -> str:
+    """Which closed form computes the per-example gradients of ``m`` (exact types only)."""
+    t = type(m)
+    if t is nn.Linear:
+        return "linear"
+    if t is nn.Conv2d:
+        return "conv"
+    if t in (nn.GroupNorm, nn.LayerNorm):
+        return "norm"
+    return "fallback"
+
+
+def _layers(model: nn.Module) -> list[_Layer]:
+    """Every module owning trainable parameters, named as in ``model.named_parameters()``."""
+    canon = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
+    layers = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ParameterList | nn.ParameterDict):
+            continue
+        own = _own_params(m)
+        if own:
+            names = {r: canon[id(p)] for r, p in own.items()}
+            layers.append(_Layer(name, m, own, names, _kind(m)))
+    owners = Counter(id(p) for lay in layers for p in lay.params.values())
+    for lay in layers:
+        lay.shared = any(owners[id(p)] > 1 for p in lay.params.values())
+    return layers
+
+
+# -------------------------------------------------------------------- recording
+class _ParamGuard(TorchFunctionMode):
+    """Refuses any use of a trainable parameter outside the forward of a module owning it."""
+
+    def __init__(self, owners: dict[int, list[nn.Module]], active: Counter):
+        super().__init__()
+        self.owners, self.active = owners, active
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for a in (*args, *kwargs.values()):
+            for t in a if isinstance(a, list | tuple) else (a,):
+                if isinstance(t, nn.Parameter) and id(t) in self.owners:
+                    self._check(t, func)
+        return func(*args, **kwargs)
+
+    def _check(self, p: nn.Parameter, func) -> None:
+        if not any(self.active[id(m)] for m in self.owners[id(p)]):
+            raise GhostError(
+                f"a trainable parameter of shape {tuple(p.shape)} is used by "
+                f"{getattr(func, '__name__', func)} outside the forward of its module; "
+                "per-example gradients from module hooks would miss that use"
+            )
+
+
+class _Recorder:
+    """Forward hooks that store every layer call; removed on exit."""
+
+    def __init__(self, layers: list[_Layer]):
+        self.layers = layers
+        self.active: Counter = Counter()
+        owners: dict[int, list[nn.Module]] = {}
+        for lay in layers:
+            for p in lay.params.values():
+                owners.setdefault(id(p), []).append(lay.module)
+        self.guard = _ParamGuard(owners, self.active)
+        self.handles: list = []
+
+    def __enter__(self) -> _Recorder:
+        for lay in self.layers:
+            lay.calls = []
+            m = lay.module
+            self.handles.append(m.register_forward_pre_hook(self._enter))
+            self.handles.append(
+                m.register_forward_hook(self._leave(lay), with_kwargs=True, prepend=True)
+            )
+        self.guard.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.guard.__exit__(*exc)
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def _enter(self, module, args) -> None:
+        self.active[id(module)] += 1
+
+    def _leave(self, lay: _Layer):
+        def hook(module, args, kwargs, output):
+            self.active[id(module)] -= 1
+            outs, spec = tree_flatten(output)
+            stored = [t for t in (*tree_flatten((args, kwargs))[0], *outs) if isinstance(t, Tensor)]
+            versions = [(t, t._version) for t in stored]
+            lay.calls.append(_Call(args, kwargs, outs, spec, versions))
+
+        return hook
+
+
+def _differentiable(t) -> bool:
+    return isinstance(t, Tensor) and t.requires_grad
+
+
+def _check_versions(layers: list[_Layer]) -> None:
+    """Stored inputs and outputs must be unchanged (no in-place op after the layer)."""
+    for lay in layers:
+        for call in lay.calls:
+            if any(t._version != v for t, v in call.versions):
+                raise GhostError(
+                    f"an input or output of layer {lay.name!r} was modified in place after "
+                    "its forward; use out-of-place operations (e.g. ReLU(inplace=False))"
+                )
+
+
+# ----------------------------------------------------------------- per layer
+@dataclass
+class _Chunk:
+    """Per-example pieces of one micro-batch, before the clip factors are known."""
+
+    b: int
+    sq: Tensor  # (b,) squared norms of the parts not kept in ``mat``
+    keep_left: int  # bytes of per-example gradients that may still be kept in ``mat``
+    mat: dict[str, Tensor] = field(default_factory=dict)  # name -> (b, *shape)
+    later: list[tuple[str, Callable]] = field(default_factory=list)  # name, (c, bad) -> sum
+
+    def add(self, name: str, g: Tensor) -> None:
+        """Materialized per-example gradients of ``name`` (summed over calls/owners)."""
+        self.mat[name] = self.mat[name] + g if name in self.mat else g
+
+    def keep(self, g: Tensor) -> bool:
+        """Whether ``g`` fits in what is left of the budget (then it is counted)."""
+        size = g.numel() * g.element_size()
+        if size > self.keep_left:
+            return False
+        self.keep_left -= size
+        return True
+
+
+def _input(call: _Call) -> Tensor:
+    """The input of a Linear / Conv2d / GroupNorm / LayerNorm call."""
+    return call.args[0] if call.args else call.kwargs["input"]
+
+
+def _conv_in(m: nn.Conv2d, a: Tensor) -> tuple[Tensor, tuple[int, int]]:
+    """The convolution's input padded as its forward pads it, and the padding left to apply."""
+    if m.padding_mode != "zeros" or isinstance(m.padding, str):
+        mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
+        return F.pad(a, m._reversed_padding_repeated_twice, mode=mode), (0, 0)
+    return a, m.padding
+
+
+def _dims(lay: _Layer, a: Tensor, g: Tensor) -> tuple[int, int, int]:
+    """(T, d, out): positions, input size and output size of the layer's matrix product."""
+    w = lay.params["weight"]
+    if lay.kind == "linear":
+        return a.numel() // (a.shape[0] * w.shape[1]), w.shape[1], w.shape[0]
+    return g[0, 0].numel(), w[0].numel(), w.shape[0]
+
+
+def _patches(lay: _Layer, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """``(A, B)``: (b, T, d) inputs and (b, T, out) output gradients; out_t = W A_t (+ bias)."""
+    b, m = g.shape[0], lay.module
+    if lay.kind == "linear":
+        return a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
+    a, pad = _conv_in(m, a)
+    unf = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=pad, stride=m.stride)
+    return unf.mT, g.flatten(2).mT
+
+
+def _per_example(lay: _Layer, a: Tensor, g: Tensor) -> Tensor:
+    """``grad_W(i) = B_i^T A_i`` as (b, *W.shape); a convolution's is a convolution's weight
+    gradient with the batch folded into the channels (``groups * k`` groups for k examples)."""
+    b, m, shape = g.shape[0], lay.module, lay.params["weight"].shape
+    if lay.kind == "linear":
+        A, B = _patches(lay, a, g)
+        return torch.bmm(B.mT, A).view(b, *shape)
+    a, pad = _conv_in(m, a)
+    G = g.new_empty(b, *shape)
+    k = b if g.is_cuda else max(1, _CPU_BLOCK_BYTES // (shape.numel() * g.element_size()))
+    for s in range(0, b, k):
+        ak, gk = a[s : s + k], g[s : s + k]
+        n = ak.shape[0]
+        G[s : s + n] = torch.nn.grad.conv2d_weight(
+            ak.reshape(1, -1, *a.shape[2:]), (n * shape[0], *shape[1:]),
+            gk.reshape(1, -1, *g.shape[2:]), m.stride, pad, m.dilation, m.groups * n,
+        ).view(n, *shape)  # fmt: skip
+    return G
+
+
+def _summed(lay: _Layer, a: Tensor, g: Tensor) -> Tensor:
+    """``sum_i grad_W(i) = sum_i B_i^T A_i``: the ordinary weight gradient (one GEMM)."""
+    m, shape = lay.module, lay.params["weight"].shape
+    if lay.kind == "linear":
+        A, B = _patches(lay, a, g)
+        return torch.tensordot(B, A, dims=([0, 1], [0, 1])).view(shape)
+    a, pad = _conv_in(m, a)
+    return torch.nn.grad.conv2d_weight(a, shape, g, m.stride, pad, m.dilation, m.groups)
+
+
+def _bias_grad(lay: _Layer, g: Tensor) -> Tensor:
+    """``grad_bias(i) = sum_t B_i[t]``: the output gradient summed over positions, (b, out)."""
+    if lay.kind == "linear":
+        return g.reshape(g.shape[0], -1, g.shape[-1]).sum(1)
+    return g.sum((2, 3))
+
+
+def _ghost_sq(A: Tensor, B: Tensor) -> Tensor:
+    """``||B_i^T A_i||_F^2 = <A_i A_i^T, B_i B_i^T>`` per example, without forming B_i^T A_i."""
+    if A.shape[1] == 1:
+        return A.square().sum((1, 2)) * B.square().sum((1, 2))
+    return (torch.bmm(A, A.mT) * torch.bmm(B, B.mT)).sum((1, 2))
+
+
+def _prefer_ghost(lay: _Layer, chunk: _Chunk, io: list, strategy: str) -> bool:
+    """Mixed ghost clipping: the cheaper way to the weight's norm and clipped sum, counted in
+    multiply-adds per example. Ghost norm: Gram matrices ``T^2 (d + out)`` plus the
+    book-keeping GEMM ``T d out``; materializing: ``B_i^T A_i`` (``T d out``), its norm
+    (``d out``) and ``c @ G`` (``d out``) if G fits in the budget, else the GEMM. Shared
+    weights and grouped convolutions are always materialized (or ``strategy`` forces it)."""
+    if lay.shared or (lay.kind == "conv" and lay.module.groups != 1):
+        return False
+    if strategy != "auto":
+        return strategy == "ghost"
+    sizes = [_dims(lay, a, g) for a, g in io]
+    T, (_, d, out) = sum(t for t, _, _ in sizes), sizes[0]
+    kept = chunk.keep_left >= chunk.b * d * out * io[0][1].element_size()
+    ghost = T * T * (d + out) + T * d * out
+    return ghost < T * d * out + d * out + (d * out if kept else T * d * out)
+
+
+def _scaled(t: Tensor, c: Tensor, bad: Tensor | None) -> Tensor:
+    """Rows of ``t`` times ``c`` (rows of dropped examples zeroed first: 0 * NaN = NaN)."""
+    return _zero(t, bad) * c.view(-1, *([1] * (t.dim() - 1)))
+
+
+def _book(lay: _Layer, io: list, c: Tensor, bad: Tensor | None) -> Tensor:
+    """Book-keeping: ``sum_i c_i grad_W(i) = sum_i (c_i B_i)^T A_i``, the ordinary weight
+    gradient of output gradients scaled by the clip factors (summed over the calls)."""
+    return _total(_summed(lay, _zero(a, bad), _scaled(g, c, bad)) for a, g in io)
+
+
+def _matmul_layer(lay: _Layer, chunk: _Chunk, strategy: str) -> str:
+    """Linear / Conv2d: bias materialized; the weight's norm by ghost norm or materialized
+    ``grad_W(i)``, its clipped sum by :func:`_book` (or ``c @ G`` when G is kept)."""
+    io = [(_input(c), c.grads[0]) for c in lay.calls if c.grads[0] is not None]
+    if not io:
+        return "unused"
+    if "bias" in lay.params:
+        chunk.add(lay.names["bias"], _total(_bias_grad(lay, g) for _, g in io))
+    if "weight" not in lay.params:
+        return "materialize"
+    name = lay.names["weight"]
+    if _prefer_ghost(lay, chunk, io, strategy):
+        pairs = [_patches(lay, a, g) for a, g in io]  # several calls: T positions each
+        A, B = (torch.cat(t, 1) if len(io) > 1 else t[0] for t in zip(*pairs, strict=True))
+        chunk.sq += _ghost_sq(A, B)
+        choice = "ghost"
+    else:
+        G = _total(_per_example(lay, a, g) for a, g in io)
+        if lay.shared or chunk.keep(G):
+            chunk.add(name, G)
+            return "materialize"
+        chunk.sq += G.flatten(1).square().sum(1)
+        choice = "materialize"
+    chunk.later.append((name, functools.partial(_book, lay, io)))
+    return choice
+
+
+def _norm_layer(lay: _Layer, chunk: _Chunk) -> str:
+    """Affine GroupNorm/LayerNorm: ``grad_w(i) = sum_pos xhat_i B_i``, ``grad_b(i) = sum_pos B_i``."""
+    m = lay.module
+    for call in lay.calls:
+        a, gout = _input(call), call.grads[0]
+        if gout is None:
+            continue
+        if isinstance(m, nn.GroupNorm):  # (b, C, *spatial), parameters of shape (C,)
+            xhat, dims = F.group_norm(a, m.num_groups, eps=m.eps), tuple(range(2, a.dim()))
+        else:  # (b, *lead, *normalized_shape), parameters of shape normalized_shape
+            xhat = F.layer_norm(a, m.normalized_shape, eps=m.eps)
+            dims = tuple(range(1, a.dim() - len(m.normalized_shape)))
+
+        def over(t: Tensor, dims=dims) -> Tensor:
+            return t.sum(dims) if dims else t
+
+        if "weight" in lay.params:
+            chunk.add(lay.names["weight"], over(xhat * gout))
+        if "bias" in lay.params:
+            chunk.add(lay.names["bias"], over(gout))
+    return "materialize"
+
+
+def _batched(t, b: int) -> bool:
+    """Whether ``t`` is a tensor whose leading dimension is the batch."""
+    return isinstance(t, Tensor) and t.dim() > 0 and t.shape[0] == b
+
+
+def _unbatched(lay: _Layer):
+    raise GhostError(
+        f"layer {lay.name!r} ({type(lay.module).__name__}) was called on or returned a tensor "
+        "without the batch dimension: its per-example gradients cannot be told apart"
+    )
+
+
+def _check_batched(lay: _Layer, b: int) -> None:
+    """Every output of every call (and a supported layer's input) is batched, size b."""
+    for call in lay.calls:
+        ins = [_input(call)] if lay.kind != "fallback" else []
+        if not all(_batched(t, b) for t in (*ins, *call.outs)):
+            _unbatched(lay)
+
+
+def _fallback_call(lay: _Layer, call: _Call, b: int) -> dict[str, Tensor]:
+    """Per-example gradients of the layer's own parameters for one call, by vmap of vjp.
+
+    For example i: ``vjp(p -> module_p(inputs_i), p)(grad_out_i)``, every tensor input
+    with leading dimension b being batched; other parameters are constants.
+    """
+    params = {r: p.detach() for r, p in lay.params.items()}
+    flat_in, in_spec = tree_flatten((call.args, call.kwargs))
+    in_dims = [0 if _batched(t, b) else None for t in flat_in]
+    if 0 not in in_dims:
+        _unbatched(lay)
+    inputs = [t.detach() if isinstance(t, Tensor) else t for t in flat_in]
+    cot = [
+        g if g is not None else torch.zeros_like(o)
+        for o, g in zip(call.outs, call.grads, strict=True)
+    ]
+
+    def one(p, cot_i, *flat_i):
+        flat_i = [t.unsqueeze(0) if d == 0 else t for t, d in zip(flat_i, in_dims, strict=True)]
+        args, kwargs = tree_unflatten(flat_i, in_spec)
+        _, pull = vjp(lambda q: functional_call(lay.module, q, args, kwargs), p)
+        return pull(tree_unflatten([c.unsqueeze(0) for c in cot_i], call.out_spec))[0]
+
+    return vmap(one, in_dims=(None, 0, *in_dims))(params, cot, *inputs)
+
+
+def _fallback_layer(lay: _Layer, chunk: _Chunk) -> str:
+    """Any other module: materialize its per-example gradients (summed over calls)."""
+    for call in lay.calls:
+        if all(g is None for g in call.grads):
+            continue
+        for r, g in _fallback_call(lay, call, chunk.b).items():
+            chunk.add(lay.names[r], g)
+    return "fallback"
+
+
+# ----------------------------------------------------------------- the clipper
+class GhostClipper:
+    """Clipped per-example gradient sums of a classifier, by book-keeping ghost clipping.
+
+    ``clipped_sum(x, y, C)`` equals materializing the per-example gradients ``g_i`` of
+    ``F.cross_entropy(model(x_i[None]), y_i[None])``, zeroing rows with a non-finite
+    entry and returning ``sum_i clip_factors(norms, C)_i g_i``, in micro-batches of
+    ``microbatch`` examples. ``strategy`` forces the ghost norm or materialization for
+    every Linear/Conv2d weight ("auto": the cheaper, per layer); ``choices`` records what
+    each layer used in the last call. The model's hooks, gradients and mode are untouched.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        microbatch: int = 256,
+        *,
+        strategy: str = "auto",
+        keep_bytes: int = 1 << 30,
+    ):
+        if microbatch < 1:
+            raise ValueError(f"microbatch must be >= 1, got {microbatch}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        self.model, self.microbatch, self.strategy = model, int(microbatch), strategy
+        self.keep_bytes = int(keep_bytes)
+        self.choices: dict[str, str] = {}
+
+    def clipped_sum(self, x: Tensor, y: Tensor, clip: float) -> GhostResult:
+        """``sum_i c_i g_i`` over the batch, ``c_i = clip_factors(||g_i||, clip)``."""
+        layout = ParamLayout.of(self.model)
+        layers = _layers(self.model)
+        dev = next((p.device for p in self.model.parameters()), x.device)
+        dtype = next((p.dtype for p in self.model.parameters()), torch.float32)
+        sums: dict[str, Tensor] = {}
+        parts = []
+        for s in range(0, x.shape[0], self.microbatch):
+            part = self._chunk(layers, x[s : s + self.microbatch], y[s : s + self.microbatch], clip)
+            for n, g in part.pop().items():
+                sums[n] = sums[n] + g if n in sums else g
+            parts.append(part)
+        flat = [
+            sums[n].reshape(-1) if n in sums else torch.zeros(k, device=dev, dtype=dtype)
+            for n, k in zip(layout.names, layout.numels, strict=True)
+        ]
+        grad_sum = torch.cat(flat) if flat else torch.zeros(0, device=dev, dtype=dtype)
+        if not parts:  # an empty batch
+            empty = x.new_zeros(0)
+            return GhostResult(grad_sum, empty, empty, empty.bool(), empty.bool())
+        return GhostResult(grad_sum, *(torch.cat(c) for c in zip(*parts, strict=True)))
+
+    @torch.enable_grad()
+    def _forward(self, layers: list[_Layer], x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Recorded forward, then ``d(sum_i loss_i) / d(layer outputs)`` into each call."""
+        with _Recorder(layers):
+            logits = self.model(x)
+        loss = F.cross_entropy(logits, y, reduction="none")
+        _check_versions(layers)
+        calls = [c for lay in layers for c in lay.calls]
+        outs = [(c, i) for c in calls for i, o in enumerate(c.outs) if _differentiable(o)]
+        grads = (
+            torch.autograd.grad(loss.sum(), [c.outs[i] for c, i in outs], allow_unused=True)
+            if outs
+            else []
+        )
+        for c in calls:
+            c.grads = [None] * len(c.outs)
+        for (c, i), g in zip(outs, grads, strict=True):
+            c.grads[i] = g
+        return loss.detach(), logits.detach()
+
+    @torch.no_grad()
+    def _chunk(self, layers, x, y, clip) -> list:
+        """One micro-batch: [norms, loss, correct, nonfinite, {name: clipped sum}]."""
+        loss, logits = self._forward(layers, x, y)
+        chunk = _Chunk(x.shape[0], loss.new_zeros(x.shape[0]), self.keep_bytes)
+        for lay in layers:
+            _check_batched(lay, chunk.b)
+            if lay.kind in ("linear", "conv"):
+                choice = _matmul_layer(lay, chunk, self.strategy)
+            elif lay.kind == "norm":
+                choice = _norm_layer(lay, chunk)
+            else:
+                choice = _fallback_layer(lay, chunk)
+            self.choices[lay.name] = choice
+            lay.calls = []
+        sq = chunk.sq + sum(g.flatten(1).square().sum(1) for g in chunk.mat.values())
+        bad = ~torch.isfinite(loss) | ~torch.isfinite(sq)
+        norms = torch.where(bad, 0.0, sq.sqrt())
+        c = torch.where(bad, 0.0, clip_factors(norms, clip))
+        sums = _bookkeep(chunk, c, bad if bool(bad.any()) else None)
+        return [norms, loss, logits.argmax(1) == y, bad, sums]
+
+
+def _total(ts: Iterable[Tensor]) -> Tensor:
+    """The sum of a non-empty sequence of tensors (without Python's ``0 +`` copy)."""
+    return functools.reduce(operator.add, ts)
+
+
+def _zero(t: Tensor, bad: Tensor | None) -> Tensor:
+    """Rows of dropped examples set to 0 (so that ``0 * NaN`` cannot reach the sum)."""
+    if bad is None:
+        return t
+    return torch.where(bad.view(-1, *([1] * (t.dim() - 1))), 0.0, t)
+
+
+def _bookkeep(chunk: _Chunk, c: Tensor, bad: Tensor | None) -> dict[str, Tensor]:
+    """Clipped sums: ``c @ G`` for kept per-example gradients, the deferred sums otherwise."""
+    sums = {n: torch.tensordot(c, _zero(g, bad), dims=1) for n, g in chunk.mat.items()}
+    for name, book in chunk.later:
+        g = book(c, bad)
+        sums[name] = sums[name] + g if name in sums else g
+    return sums
