@@ -79,6 +79,13 @@ def test_mechanism_yaml_holds_exactly_the_declared_options():
         assert keys == set(spec.option_names), name
 
 
+def test_backend_names_match_the_engine():
+    from dpsub.config import BACKENDS
+    from dpsub.grads import BACKENDS as ENGINE_BACKENDS
+
+    assert BACKENDS == ENGINE_BACKENDS
+
+
 def test_dataset_names_match_the_loaders():
     from dpsub.data import LOADERS
     from dpsub.data.names import DATASETS

@@ -174,3 +174,16 @@ def test_nonprivate_charges_nothing():
     run = build_run(compose_cfg(*SYNTH, "mechanism=nonprivate"))
     out = train_step(run)
     assert math.isinf(out.z_charged) and run.ledger is None
+
+
+def test_ghost_backend_trains_exactly_like_vmap():
+    """Same seed, same batches, same noise: the ghost backend's run equals the vmap run."""
+    runs = [
+        build_run(compose_cfg(*SYNTH, f"grads.backend={b}", "train.max_steps=3"))
+        for b in ("vmap", "ghost")
+    ]
+    for run in runs:
+        for _ in range(3):
+            train_step(run)
+    torch.testing.assert_close(params_of(runs[1]), params_of(runs[0]), rtol=1e-4, atol=1e-6)
+    assert runs[0].ledger.history == runs[1].ledger.history

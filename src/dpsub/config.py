@@ -18,6 +18,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from dpsub.errors import ConfigError
 
+#: Per-example gradient backends (dpsub.grads.engine.BACKENDS; a test keeps them equal).
+BACKENDS = ("vmap", "opacus", "ghost")
+
 __all__ = ["ConfigError", "validate", "check_against_data"]
 
 
@@ -165,7 +168,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     _require(t.eval_batch_size >= 1, "train.eval_batch_size", "must be >= 1", t.eval_batch_size)
 
     g = typed["grads"]
-    _require(g.backend in ("vmap", "opacus"), "grads.backend", "must be vmap or opacus", g.backend)
+    _require(g.backend in BACKENDS, "grads.backend", f"must be one of {BACKENDS}", g.backend)
     _require(g.microbatch >= 1, "grads.microbatch", "must be >= 1", g.microbatch)
 
     o = typed["optim"]

@@ -15,8 +15,11 @@ the target's :class:`~dpsub.grads.layout.ParamLayout`. Two verbs:
   :class:`~dpsub.privacy.noise.Sensitive` of sensitivity C (DP-SGD; backends may
   compute it without materializing the rows).
 
-Backends: ``vmap`` (``torch.func.vmap(grad(...))``, any target) and ``opacus``
-(Opacus' ``GradSampleModule`` hooks, the model's own parameters only).
+Backends: ``vmap`` (``torch.func.vmap(grad(...))``, any target), ``opacus``
+(Opacus' ``GradSampleModule`` hooks, the model's own parameters only) and ``ghost``
+(:class:`~dpsub.grads.ghost.GhostClipper`: book-keeping ghost clipping computes
+:meth:`GradEngine.clipped_sum` from one forward and one backward without materializing
+per-example gradients; :meth:`GradEngine.per_example` then uses ``vmap``).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from dpsub.grads.clip import ClippedAccumulator, ClipStats
 from dpsub.grads.layout import ParamLayout
 from dpsub.privacy.noise import Sensitive
 
-BACKENDS = ("vmap", "opacus")
+BACKENDS = ("vmap", "opacus", "ghost")  # mirrored in dpsub.config (torch-free)
 
 Forward = Callable[[dict[str, Tensor], Tensor], Tensor]
 
@@ -105,6 +108,7 @@ class GradEngine:
         self.layout = self.target.layout
         self._params = list(self.target.params.values())
         self._gsm = None
+        self._ghost = None
         self._vmapped: dict[int, Callable] = {}
 
     # ------------------------------------------------------------- helpers
@@ -140,7 +144,7 @@ class GradEngine:
         target = target or self.target
         for start in range(0, x.shape[0], self.microbatch):
             xb, yb = x[start : start + self.microbatch], y[start : start + self.microbatch]
-            if self.backend == "opacus":
+            if self.backend == "opacus":  # (ghost materializes per-example rows with vmap)
                 if target is not self.target:
                     raise ValueError(
                         "grads.backend=opacus differentiates the model's own parameters only; "
@@ -178,6 +182,8 @@ class GradEngine:
     ) -> ClippedSum:
         """``sum_i min(1, C/||g_i||) g_i`` over the batch (non-finite rows dropped)."""
         target = target or self.target
+        if self.backend == "ghost" and target is self.target:
+            return self._ghost_clipped_sum(x, y, clip)
         stats = BatchStats()
         acc = ClippedAccumulator()
         for chunk in self.per_example(x, y, target):
@@ -185,6 +191,17 @@ class GradEngine:
             stats.add(chunk.loss, chunk.correct)
         stats.clip = acc.stats.get("grad", ClipStats())
         return ClippedSum(acc.sum("grad", clip, target.layout.dim, x.device), stats)
+
+    def _ghost_clipped_sum(self, x: Tensor, y: Tensor, clip: float) -> ClippedSum:
+        from dpsub.grads.ghost import GhostClipper
+
+        if self._ghost is None:
+            self._ghost = GhostClipper(self.model, microbatch=self.microbatch)
+        r = self._ghost.clipped_sum(x, y, clip)
+        stats = BatchStats()
+        stats.add(r.loss, r.correct)
+        stats.clip = ClipStats(int(x.shape[0]), int((r.norms > clip).sum()), int(r.nonfinite.sum()))
+        return ClippedSum(Sensitive(r.grad_sum, float(clip)), stats)
 
     # ---------------------------------------------------------------- mean
     def mean_gradient(self, x: Tensor, y: Tensor) -> tuple[Tensor, BatchStats]:
