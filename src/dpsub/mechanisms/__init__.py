@@ -9,17 +9,19 @@ but ``options`` (PEP 562), so ``import dpsub.mechanisms.options`` stays light.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import Any
 
-_IMPLEMENTATIONS = ("dpsgd", "gep", "nonprivate")
 _BASE = ("MECHANISMS", "Mechanism", "Phase", "StepContext", "StepResult", "register")
 
 __all__ = [*_BASE, "build_mechanism"]
 
 
 def _load() -> Any:
-    for mod in _IMPLEMENTATIONS:  # registration
-        importlib.import_module(f"dpsub.mechanisms.{mod}")
+    """Import every implementation module of this package (each registers its classes)."""
+    for info in pkgutil.iter_modules(__path__):
+        if info.name not in ("base", "options") and not info.name.startswith("_"):
+            importlib.import_module(f"dpsub.mechanisms.{info.name}")
     return importlib.import_module("dpsub.mechanisms.base")
 
 

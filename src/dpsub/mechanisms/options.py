@@ -134,3 +134,15 @@ class GEPOptions(BGEPOptions):
     """GEP: noisy embedding (std z sqrt2 S1) and noisy residual (std z sqrt2 S2)."""
 
     clip_residual: float = opt(2.0, gt=0, help="S2")
+
+
+# ----------------------------------------------------------- PDP-SGD, RPDP-SGD
+# (declarations of the PDP-SGD family go here)
+
+
+# -------------------------------------------------- RGP, RGP-random, DP-PowerSGD
+# (declarations of the RGP family go here)
+
+
+# ------------------------------------------------------------- DP-Hero
+# (declarations of the DP-Hero family go here)
