@@ -107,6 +107,7 @@ class GradEngine:
         self.target = GradTarget.of_model(model)
         self.layout = self.target.layout
         self._params = list(self.target.params.values())
+        self.dist = None  # a dpsub.training.distributed.Dist in multi-process training
         self._gsm = None
         self._ghost = None
         self._vmapped: dict[int, Callable] = {}
@@ -176,6 +177,27 @@ class GradEngine:
             p.grad = None
         return Chunk(flat, losses.detach(), logits.detach().argmax(-1) == y)
 
+    def public_gradients(self, x: Tensor, y: Tensor, target: GradTarget | None = None) -> Tensor:
+        """Per-example gradients ``(m, p)`` of a *public* set (anchors, public examples).
+
+        In multi-process training the m examples are split across ranks and the rows
+        all-gathered, so each rank does 1/world of the work and all hold the same matrix.
+        """
+        target = target or self.target
+        m = int(x.shape[0])
+        mine = torch.arange(m, device=x.device)
+        if self.dist is not None:
+            mine = self.dist.shard(mine)
+        rows = [c.grads for c in self.per_example(x[mine], y[mine], target)]
+        local = torch.cat(rows) if rows else x.new_zeros((0, target.layout.dim))
+        return local if self.dist is None else self.dist.all_gather_rows(local, m)
+
+    def broadcast_(self, tensors) -> None:
+        """Rank 0's values of ``tensors`` on every rank (identical copies in one process)."""
+        if self.dist is not None and self.dist.active:
+            for t in tensors:
+                self.dist.broadcast(t)
+
     # ---------------------------------------------------------- clipped sum
     def clipped_sum(
         self, x: Tensor, y: Tensor, clip: float, target: GradTarget | None = None
@@ -215,8 +237,11 @@ class GradEngine:
             gs = torch.autograd.grad(per.sum(), self._params)
             total += torch.cat([g.reshape(-1) for g in gs])
             stats.add(per.detach(), logits.detach().argmax(-1) == yb)
+        n = torch.tensor(float(x.shape[0]), device=x.device)
+        if self.dist is not None and self.dist.active:  # the mean over every rank's shard
+            total, n = self.dist.all_reduce(total), self.dist.all_reduce(n)
         stats.clip.n = int(x.shape[0])
-        return total / max(int(x.shape[0]), 1), stats
+        return total / n.clamp_min(1.0), stats
 
 
 def check_private_model(model: nn.Module) -> None:

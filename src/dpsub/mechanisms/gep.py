@@ -75,7 +75,7 @@ class GEP(Mechanism):
     def anchor_gradients(self, generator: torch.Generator) -> torch.Tensor:
         """G_a (m x p): per-example gradients of the auxiliary examples."""
         labels = self.aux.batch_labels(generator)
-        return torch.cat([c.grads for c in self.engine.per_example(self.aux.x, labels)])
+        return self.engine.public_gradients(self.aux.x, labels)
 
     def fit_subspace(self, generator: torch.Generator) -> GroupedBasis:
         Ga = self.anchor_gradients(generator)
@@ -83,7 +83,7 @@ class GEP(Mechanism):
         ctx = _allow_tf32() if precision == "tf32" and Ga.is_cuda else nullcontext()
         dtype = torch.float32 if precision in ("fp32", "tf32") else resolve_dtype(precision)
         with ctx:
-            return fit_grouped_basis(
+            basis = fit_grouped_basis(
                 Ga,
                 self.groups,
                 self.opts.num_bases,
@@ -91,6 +91,8 @@ class GEP(Mechanism):
                 generator=generator,
                 compute_dtype=dtype,
             )
+        self.engine.broadcast_(basis.bases)  # ranks: exactly rank 0's basis
+        return basis
 
     def current_basis(self, ctx: StepContext) -> GroupedBasis:
         if self.basis is None or ctx.step - self._basis_step >= self.opts.subspace_every:

@@ -39,6 +39,7 @@ from dpsub.privacy import (
     calibrate_plan,
     fixed_plan,
 )
+from dpsub.training.distributed import SINGLE, BroadcastNoise, Dist, broadcast_uniform, device_for
 from dpsub.training.optim import build_optimizer, build_schedule
 
 #: Relative slack when comparing the records' multiplier with the plan (float rounding).
@@ -69,6 +70,7 @@ class Run:
     rng: torch.Generator  # public randomness handed to the mechanism
     generators: dict[str, torch.Generator]  # seeded generators saved in checkpoints
     fingerprint: str | None = None  # of the private training set (checked on resume)
+    dist: Dist = SINGLE  # this process's rank (training/distributed.py)
     step: int = 0
     on_release: list[Callable[[Run], None]] = field(default_factory=list)
 
@@ -143,12 +145,14 @@ def _privacy(cfg: DictConfig, mechanism: Mechanism, q: float, steps: int):
     return z, plan, ledger, nominal
 
 
-def build_run(cfg: DictConfig, data: DatasetBundle | None = None) -> Run:
+def build_run(cfg: DictConfig, data: DatasetBundle | None = None, dist: Dist = SINGLE) -> Run:
     """Compose data, model, engine, mechanism, privacy plan, ledger and optimizer.
 
-    Raises ConfigError / DataError before anything is written anywhere.
+    Raises ConfigError / DataError before anything is written anywhere. With ``dist``
+    (several ranks), rank 0 draws the sampling and noise randomness and every rank
+    receives it; sensitive sums are all-reduced before noise (training/distributed.py).
     """
-    device = pick_device(cfg.device)
+    device = pick_device(device_for(cfg.device, dist))
     torch.manual_seed(cfg.seed)
     data = load_data(cfg) if data is None else data
     aux, data = build_aux(cfg.aux, data, root=cfg.data.root, seed=cfg.seed)
@@ -164,6 +168,7 @@ def build_run(cfg: DictConfig, data: DatasetBundle | None = None) -> Run:
         raise ConfigError(f"model: {e}") from None
     model = model.to(device)
     engine = GradEngine(model, microbatch=cfg.grads.microbatch, backend=cfg.grads.backend)
+    engine.dist = dist if dist.active else None
     mechanism = _mechanism(cfg)
     if mechanism.private:
         check_private_model(model)
@@ -188,14 +193,22 @@ def build_run(cfg: DictConfig, data: DatasetBundle | None = None) -> Run:
         secure = SecureNoise()
         source, uniform = secure, (lambda n: secure.uniform(n, device))
         gens = {"public": gens["public"]}  # the secret streams are never saved
+        draws = torch.float64
     else:
         source, uniform = SeededNoise(gens["noise"]), seeded_uniform(gens["sampler"], device)
+        draws = torch.float32
+    if dist.active:  # rank 0 draws, every rank receives
+        source, uniform = (
+            BroadcastNoise(source, dist),
+            broadcast_uniform(uniform, dist, device, draws),
+        )
     sampler = build_sampler(cfg.privacy.sampling, n_train, cfg.train.batch_size, uniform, device)
+    privatizer = Privatizer(source, reduce=dist.all_reduce if dist.active else None)
     return Run(
         cfg=cfg, device=device, data=data, aux=aux, model=model, engine=engine,
         mechanism=mechanism, q=q, total_steps=total_steps, z=z, plan=plan, ledger=ledger,
         nominal=nominal, optimizer=optimizer, schedule=schedule, sampler=sampler,
-        privatizer=Privatizer(source), rng=gens["public"], generators=gens,
+        privatizer=privatizer, rng=gens["public"], generators=gens, dist=dist,
     )  # fmt: skip
 
 
@@ -228,7 +241,7 @@ def train_step(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = Fa
     z = run.plan.multiplier_at(run.step) if run.plan is not None else math.inf
     if mech.private and mech.accounting == "planned" and not run.ledger.can_step(z, run.q):
         return StepOutcome(None, z, z, stopped_by_budget=True)
-    idx = run.sampler.sample() if idx is None else idx
+    idx = run.dist.shard(run.sampler.sample() if idx is None else idx)
     expected = run.cfg.train.batch_size
     ctx = StepContext(run.step, run.total_steps, expected, z, run.privatizer, run.rng, diagnostics)
     run.privatizer.begin_step()
@@ -244,11 +257,26 @@ def train_step(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = Fa
             run.nominal.step(z, run.q)
         for hook in run.on_release:  # secure mode: persist the ledger before anything leaves
             hook(run)
+    if run.dist.active:  # every rank applies exactly rank 0's update
+        res.grad = run.dist.broadcast(res.grad.contiguous())
+        _reduce_stats(run, res)
     run.engine.set_grad(res.grad)
     run.optimizer.step()
     run.schedule.step()
     run.step += 1
     return StepOutcome(res, charged, z_rec)
+
+
+def _reduce_stats(run: Run, res: StepResult) -> None:
+    """The private batch statistics over every rank's shard (diagnostics only)."""
+    st = res.stats
+    t = torch.tensor(
+        [st.loss_sum, st.correct, st.clip.n, st.clip.clipped, st.clip.nonfinite],
+        dtype=torch.float64, device=run.device,
+    )  # fmt: skip
+    t = run.dist.all_reduce(t).tolist()
+    st.loss_sum, st.correct = t[0], int(t[1])
+    st.clip.n, st.clip.clipped, st.clip.nonfinite = int(t[2]), int(t[3]), int(t[4])
 
 
 # --------------------------------------------------------------------- state

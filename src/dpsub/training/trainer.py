@@ -41,6 +41,7 @@ from dpsub.training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from dpsub.training.distributed import init_distributed
 from dpsub.training.progress import Progress, attach_run_log
 from dpsub.training.run import Run, StepOutcome, build_run, load_run_state, run_state, train_step
 
@@ -167,6 +168,14 @@ def log_metrics(run: Run, out: StepOutcome, window: Window, mech: dict, private:
     return metrics
 
 
+def _stop_requested(run: Run, stop: _StopFlag) -> bool:
+    """Did any rank get SIGTERM/SIGINT? (All ranks must stop after the same step.)"""
+    flag = stop.signum is not None
+    if run.dist.active:
+        flag = bool(run.dist.all_reduce(torch.tensor([float(flag)], device=run.device)).item())
+    return flag
+
+
 # --------------------------------------------------------------------- run
 def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> None:
     """Restore ``run`` from ``run_dir``'s checkpoint (checked), or refuse an unintended resume."""
@@ -216,16 +225,33 @@ def _header(run: Run) -> dict:
     }
 
 
+class _NoLogger:
+    """Ranks other than 0 write nothing."""
+
+    def log(self, *a) -> None: ...
+    def summary(self, *a) -> None: ...
+    def close(self) -> None: ...
+
+
 def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResult:
-    """Run (or, with ``resume``, continue) one experiment; everything goes to ``run_dir``."""
+    """Run (or, with ``resume``, continue) one experiment; everything goes to ``run_dir``.
+
+    Under torchrun every rank calls this; rank 0 owns the run dir, the logs and the
+    checkpoints (training/distributed.py).
+    """
     validate(cfg)
-    run = build_run(cfg)
-    run_dir = Path(run_dir)
+    dist = init_distributed(cfg.device)
+    run_dir = Path(dist.broadcast_object(str(run_dir)))  # rank 0's (its clock names it)
+    if not dist.main:
+        log.setLevel(logging.WARNING)
+    run = build_run(cfg, dist=dist)
     _start_or_resume(run, cfg, run_dir, resume)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    detach_log = attach_run_log(run_dir / "train.log")
+    detach_log = lambda: None  # noqa: E731
+    if dist.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        detach_log = attach_run_log(run_dir / "train.log")
     try:
         return _loop(run, cfg, run_dir)
     finally:
@@ -235,9 +261,14 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
 def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     private = bool(cfg.privacy.private_diagnostics)
-    if run.secure:
+    main = run.dist.main
+    if run.secure and main:
         run.on_release.append(lambda r: r.ledger.save(run_dir / LEDGER_NAME, sync=True))
-    logger = RunLogger(run_dir, resolved, cfg.logger, cfg.run_name, resume_step=run.step)
+    logger = (
+        RunLogger(run_dir, resolved, cfg.logger, cfg.run_name, resume_step=run.step)
+        if main
+        else _NoLogger()
+    )
     for k, v in _header(run).items():
         log.info("%-16s %s", k, v)
     if cfg.privacy.sampling == "shuffle" and run.mechanism.private:
@@ -254,6 +285,8 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
         )
 
     def checkpoint() -> None:
+        if not main:
+            return
         save_checkpoint(
             run_dir,
             {"state": run_state(run), "config": resolved, "data_fingerprint": run.fingerprint},
@@ -265,7 +298,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
     stopped_by_budget = False
     acc = loss = None
     window, mech_private = Window(), {}
-    progress = Progress(run.total_steps, run.step, t.progress, t.log_every)
+    progress = Progress(run.total_steps, run.step, t.progress and main, t.log_every)
     try:
         with _StopFlag() as stop:
             while run.step < run.total_steps:
@@ -282,7 +315,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
                     logger.log(metrics, step)
                     progress.log(step, metrics, acc)
                     window = Window()
-                if (t.eval_every and step % t.eval_every == 0) or last:
+                if main and ((t.eval_every and step % t.eval_every == 0) or last):
                     acc, loss = evaluate(
                         run.model, run.data.test_x, run.data.test_y, t.eval_batch_size
                     )
@@ -292,7 +325,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
                 progress.update(step, epsilons(run, False).get("epsilon", math.inf), acc)
                 if t.checkpoint_every and step % t.checkpoint_every == 0:
                     checkpoint()
-                if stop.signum is not None:
+                if _stop_requested(run, stop):
                     checkpoint()
                     log.warning(
                         "signal %d: checkpoint saved at step %d; resume with resume=%s",
@@ -311,6 +344,11 @@ def _finish(
     run, cfg, run_dir, logger, checkpoint, stopped_by_budget, private, final_eval
 ) -> RunResult:
     """Checkpoint, evaluate (unless the loop just did), write the summary and the final line."""
+    if not run.dist.main:
+        nan = float("nan")
+        return RunResult(
+            run.step, nan, cfg.privacy.delta, run.z, nan, nan, run_dir, stopped_by_budget
+        )
     checkpoint()
     p = cfg.privacy
     eps = epsilons(run, exact=True)
