@@ -99,13 +99,14 @@ def _slurm_env() -> None:
     if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
         return
     try:
-        import submitit
-
-        submitit.helpers.TorchDistributedEnvironment().export()
-    except (ImportError, RuntimeError):  # not a submitit job: Slurm's own variables
-        os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
-        os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
-        os.environ.setdefault("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
+        from submitit.helpers import TorchDistributedEnvironment
+    except ImportError as e:
+        raise RuntimeError(
+            "a Slurm job with several tasks needs submitit to find its peers "
+            "(pip install 'dpsub[slurm]'), or launch the tasks with torchrun"
+        ) from e
+    # device_for() picks cuda:<local rank>, so leave CUDA_VISIBLE_DEVICES alone
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
 
 
 def init_distributed(device: str) -> Dist:
