@@ -138,3 +138,26 @@ def test_a_failed_rank_stops_the_job_instead_of_hanging(tmp_path):
     _, err = proc.communicate(timeout=600)  # ends (does not hang) ...
     assert proc.returncode != 0  # ... with a failure
     assert "local_rank: 1" in err.decode() or "exitcode" in err.decode()
+
+
+def test_a_slurm_task_finds_its_rank(monkeypatch):
+    """hydra/launcher=slurm with several tasks: Slurm's (submitit's) variables become ranks."""
+    from dpsub.training.distributed import _slurm_env
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    slurm = {
+        "SUBMITIT_EXECUTOR": "slurm", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_STEP_NODELIST": "node1",
+        "SLURM_NNODES": "1", "SLURM_JOB_ID": "42", "SLURM_NODEID": "0",
+        "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_NUM_NODES": "1",
+    }  # fmt: skip
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    _slurm_env()
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == (
+        "1",
+        "2",
+        "1",
+    )
+    assert os.environ["MASTER_ADDR"] == "node1" and os.environ["MASTER_PORT"]
