@@ -1,0 +1,177 @@
+"""Break each privacy property on purpose and check that a test catches it.
+
+Every mutant below is one deliberate bug (halve a noise std, drop a clip, miscount N,
+log private statistics by default...). For each, the script patches the source in
+place, runs the tests that guard that property, restores the file (always, also on
+Ctrl-C), and reports whether the tests caught it. A mutant that survives means the
+suite has a gap. Run it from the repository root after changing a privacy-relevant
+part of the code::
+
+    uv run python scripts/mutation_check.py            # all mutants (~5-10 min on 2 cores)
+    uv run python scripts/mutation_check.py --list     # what each mutant breaks
+    uv run python scripts/mutation_check.py -k noise   # mutants whose name contains 'noise'
+
+Exit code 1 if any mutant survives (or no longer applies: the pattern moved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTANTS = (
+    Mutant(
+        "dpsgd-half-noise",
+        "src/dpsub/mechanisms/dpsgd.py",
+        "std = ctx.z * self.opts.clip",
+        "std = 0.5 * ctx.z * self.opts.clip",
+        ("tests/test_mechanisms.py", "-k", "noise_std"),
+    ),
+    Mutant(
+        "no-clipping",
+        "src/dpsub/grads/clip.py",
+        "factor = (bound / (norms + 1e-12)).clamp(max=1.0)",
+        "factor = torch.ones_like(norms)",
+        ("tests/test_mechanisms.py", "-k", "sensitivity_is_clip"),
+    ),
+    Mutant(
+        "noise-reused-across-steps",
+        "src/dpsub/privacy/noise.py",
+        "return torch.randn(tuple(shape), generator=self.generator, device=device)",
+        "return torch.randn(tuple(shape), generator=torch.Generator(device).manual_seed(7), "
+        "device=device)",
+        ("tests/test_mechanisms.py", "-k", "fresh"),
+    ),
+    Mutant(
+        "bgep-half-noise",
+        "src/dpsub/mechanisms/gep.py",
+        "return z * o.clip_embedding, 0.0",
+        "return 0.5 * z * o.clip_embedding, 0.0",
+        ("tests/test_mechanisms.py", "-k", "bgep_noise_measured"),
+    ),
+    Mutant(
+        "gep-residual-half-noise",
+        "src/dpsub/mechanisms/gep.py",
+        "z * math.sqrt(2) * o.clip_residual",
+        "0.5 * z * math.sqrt(2) * o.clip_residual",
+        ("tests/test_mechanisms.py", "-k", "gep_noise_measured"),
+    ),
+    Mutant(
+        "trainer-trusts-the-mechanism",
+        "src/dpsub/training/run.py",
+        "        if not z_rec >= z * (1 - REL_TOL):",
+        "        if False:",
+        ("tests/test_run.py", "-k", "less_noise"),
+    ),
+    Mutant(
+        "shaped-noise-charged-at-the-plan",
+        "src/dpsub/privacy/noise.py",
+        "self.records.append(NoiseRecord(name, s.sensitivity, std * smallest))",
+        "self.records.append(NoiseRecord(name, s.sensitivity, std))",
+        ("tests/test_noise.py", "tests/test_run.py", "-k", "least_noisy"),
+    ),
+    Mutant(
+        "N-counted-before-public-removal",
+        "src/dpsub/training/run.py",
+        "    aux, data = build_aux(cfg.aux, data, root=cfg.data.root, seed=cfg.seed)\n"
+        "    n_train = int(data.train_y.shape[0])",
+        "    n_train = int(data.train_y.shape[0])\n"
+        "    aux, data = build_aux(cfg.aux, data, root=cfg.data.root, seed=cfg.seed)",
+        ("tests/test_run.py", "-k", "public_examples"),
+    ),
+    Mutant(
+        "non-finite-rows-kept",
+        "src/dpsub/grads/clip.py",
+        "    ok = finite_rows(g)\n    g = torch.where(ok[:, None], g, torch.zeros_like(g))\n"
+        "    norms = g.norm(dim=1)\n    total",
+        "    ok = finite_rows(g)\n    norms = g.norm(dim=1)\n    total",
+        ("tests/test_mechanisms.py", "-k", "non_finite"),
+    ),
+    Mutant(
+        "budget-guard-refuses-everything",
+        "src/dpsub/privacy/accountant.py",
+        "            return eps <= self.budget + 1e-9",
+        "            return False",
+        ("tests/test_privacy.py", "-k", "largest"),
+    ),
+    Mutant(
+        "private-metrics-logged-by-default",
+        "src/dpsub/training/trainer.py",
+        "    if private:\n        metrics.update(window.private_metrics())",
+        "    if True:\n        metrics.update(window.private_metrics())",
+        ("tests/test_train_e2e.py", "-k", "default_logs"),
+    ),
+    Mutant(
+        "secure-ledger-not-persisted",
+        "src/dpsub/training/trainer.py",
+        "        run.on_release.append(lambda r: r.ledger.save(run_dir / LEDGER_NAME, sync=True))",
+        "        pass",
+        ("tests/test_train_e2e.py", "-k", "secure_mode_resume"),
+    ),
+    Mutant(
+        "resume-accepts-changed-settings",
+        "src/dpsub/training/checkpoint.py",
+        "    keys = changed_keys(saved_config, config)",
+        "    keys = []",
+        ("tests/test_train_e2e.py", "-k", "edited_config"),
+    ),
+    Mutant(
+        "distributed-noise-per-rank",
+        "src/dpsub/training/run.py",
+        "source, uniform = BroadcastNoise(source, dist), broadcast_uniform(",
+        "uniform = broadcast_uniform(",
+        ("tests/test_distributed.py", "-k", "noise_once"),
+    ),
+)
+
+
+def run_mutant(m: Mutant) -> str:
+    path = ROOT / m.file
+    original = path.read_text()
+    if m.old not in original:
+        return "PATTERN MOVED"
+    try:
+        path.write_text(original.replace(m.old, m.new, 1))
+        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:logging", *m.tests]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    finally:
+        path.write_text(original)
+    return "caught" if proc.returncode == 1 else f"SURVIVED (pytest exit {proc.returncode})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-k", default="", help="only mutants whose name contains this")
+    p.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = p.parse_args(argv)
+    chosen = [m for m in MUTANTS if args.k in m.name]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:36s} {m.file}: {m.old.strip().splitlines()[0][:60]!r}")
+        return 0
+    bad = 0
+    for m in chosen:
+        verdict = run_mutant(m)
+        bad += verdict != "caught"
+        print(f"{m.name:36s} {verdict}", flush=True)
+    print(f"{len(chosen) - bad} of {len(chosen)} mutants caught")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
