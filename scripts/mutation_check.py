@@ -131,10 +131,10 @@ MUTANTS = (
         ("tests/test_train_e2e.py", "-k", "edited_config"),
     ),
     Mutant(
-        "distributed-noise-per-rank",
+        "distributed-sums-not-reduced",
         "src/dpsub/training/run.py",
-        "source, uniform = BroadcastNoise(source, dist), broadcast_uniform(",
-        "uniform = broadcast_uniform(",
+        "Privatizer(source, reduce=dist.all_reduce if dist.active else None)",
+        "Privatizer(source, reduce=None)",
         ("tests/test_distributed.py", "-k", "noise_once"),
     ),
 )
