@@ -193,3 +193,23 @@ def test_missing_dataset_files_give_one_clear_error(tmp_path):
     assert proc.returncode == 2
     assert "data_batch_1" in proc.stderr and "data.root" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_truncated_dataset_file_gives_one_line_and_exit_2(tmp_path):
+    """A corrupt .gz: one line naming the file, exit code 2, no traceback, nothing written."""
+    from conftest import SHARED
+
+    if SHARED is None:
+        pytest.skip("real data not found")
+    raw = tmp_path / "data" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for f in (SHARED / "MNIST" / "raw").glob("*.gz"):
+        data = f.read_bytes()
+        (raw / f.name).write_bytes(data[: len(data) // 3] if "train-images" in f.name else data)
+    proc = run_cli(
+        "dataset=mnist", f"data.root={tmp_path / 'data'}", run_dir=tmp_path / "run", check=False
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "train-images-idx3-ubyte.gz" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()

@@ -94,3 +94,16 @@ def test_conf_dir_in_a_checkout_is_the_repository_conf() -> None:
     from dpsub.paths import conf_dir
 
     assert conf_dir() == REPO / "conf"
+
+
+def test_installed_dpsub_train_runs_from_another_directory(installed: Path, tmp_path: Path) -> None:
+    """The README's first command, from the wheel: the console script trains and prints epsilon."""
+    script = installed.parent / "dpsub-train"
+    env = {**os.environ, "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    out = _run(
+        script, "experiment=demo", "train.max_steps=3", "train.eval_every=0", "logger=disabled",
+        "train.progress=false", f"out_dir={tmp_path / 'run'}", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert "final: test accuracy" in out and "epsilon" in out
+    assert (tmp_path / "run" / "summary.json").is_file()
+    assert not (tmp_path / "outputs").exists()  # nothing written where it was not asked
