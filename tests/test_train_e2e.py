@@ -297,6 +297,7 @@ def test_resume_of_a_missing_or_empty_dir_fails_and_creates_nothing(tmp_path):
 
 # --------------------------------------------------------------- multirun
 def test_multirun_is_one_sweep_in_one_folder(tmp_path):
+    """(Sweeping experiments themselves is run by tests/test_readme.py.)"""
     run_cli(
         "-m",
         "experiment=demo",
@@ -310,28 +311,6 @@ def test_multirun_is_one_sweep_in_one_folder(tmp_path):
     assert (tmp_path / "multirun.yaml").exists()
     eps = sorted(json.loads((p / "summary.json").read_text())["epsilon"] for p in jobs)
     assert eps[0] <= 1.0 < eps[1] <= 4.0
-
-
-@needs_shared
-def test_experiments_can_be_swept(tmp_path):
-    run_cli(
-        "-m",
-        "experiment=demo,dpsgd_mnist_eps2",
-        "train.batch_size=256",
-        "train.max_steps=2",
-        "train.eval_every=0",
-        f"hydra.sweep.dir={tmp_path}",
-    )
-    names = sorted(
-        json.loads((p / "summary.json").read_text())["steps"]
-        for p in tmp_path.iterdir()
-        if p.is_dir()
-    )
-    assert names == [2, 2]
-    from omegaconf import OmegaConf
-
-    saved = [OmegaConf.load(p / "config.yaml") for p in tmp_path.iterdir() if p.is_dir()]
-    assert sorted(c.dataset.name for c in saved) == ["digits", "mnist"]
 
 
 def test_prv_accountant_and_shuffle_sampling_run(tmp_path):
