@@ -88,10 +88,8 @@ MUTANTS = (
     Mutant(
         "N-counted-before-public-removal",
         "src/dpsub/training/run.py",
-        "    aux, data = build_aux(cfg.aux, data, root=cfg.data.root, seed=cfg.seed)\n"
         "    n_train = int(data.train_y.shape[0])",
-        "    n_train = int(data.train_y.shape[0])\n"
-        "    aux, data = build_aux(cfg.aux, data, root=cfg.data.root, seed=cfg.seed)",
+        "    n_train = int(data.train_y.shape[0]) + (len(aux) if cfg.aux.name == 'public_train' else 0)",
         ("tests/test_run.py", "-k", "public_examples"),
     ),
     Mutant(

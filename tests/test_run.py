@@ -187,3 +187,16 @@ def test_ghost_backend_trains_exactly_like_vmap():
             train_step(run)
     torch.testing.assert_close(params_of(runs[1]), params_of(runs[0]), rtol=1e-4, atol=1e-6)
     assert runs[0].ledger.history == runs[1].ledger.history
+
+
+def test_a_validation_split_replaces_the_test_set_and_leaves_the_private_set():
+    run = build_run(compose_cfg(*SYNTH, "dataset.validation_size=50"))
+    assert run.data.eval_split == "validation"
+    assert len(run.data.test_y) == 50 and len(run.data.train_y) == 350
+    assert run.q == pytest.approx(64 / 350)  # N without the held-out examples
+    assert torch.bincount(run.data.test_y, minlength=10).tolist() == [5] * 10  # balanced
+    train = {tuple(r.tolist()) for r in run.data.train_x.flatten(1)[:, :6]}
+    assert not any(tuple(r.tolist()) in train for r in run.data.test_x.flatten(1)[:, :6])
+    full = build_run(compose_cfg(*SYNTH))
+    held = {tuple(r.tolist()) for r in full.data.train_x.flatten(1)[:, :6]}
+    assert all(tuple(r.tolist()) in held for r in run.data.test_x.flatten(1)[:, :6])  # from train

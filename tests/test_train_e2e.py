@@ -31,9 +31,17 @@ DEMO = (
 
 #: What the logs may hold by default: released quantities, epsilon, test metrics, settings.
 COVERED = {
-    "step", "epsilon", "epsilon_rdp", "epsilon_nominal", "epsilon_nominal_rdp", "test/accuracy",
-    "test/loss", "lr", "z_eff", "steps_per_s",
-}  # fmt: skip
+    "step",
+    "epsilon",
+    "epsilon_rdp",
+    "epsilon_nominal",
+    "epsilon_nominal_rdp",
+    "test/accuracy",
+    "test/loss",
+    "lr",
+    "z_eff",
+    "steps_per_s",
+}  # fmt: skip  (validation/* of tuning runs: held-out private examples, see data/validation.py)
 COVERED_MECH = {"mech/noise_std", "mech/noise_std_embedding", "mech/noise_std_residual"}
 
 
@@ -66,6 +74,15 @@ def test_default_logs_hold_only_what_epsilon_covers(tmp_path):
         json.loads((tmp_path / "opt" / "summary.json").read_text())["covered_by_epsilon"] is False
     )
     assert "NOT covered" in (tmp_path / "opt" / "train.log").read_text()
+
+
+def test_a_tuning_run_reports_validation_accuracy_and_never_the_test_set(tmp_path):
+    train(cfg_for(*DEMO, "train.max_steps=5", "dataset.validation_size=200"), tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert "validation_accuracy" in summary and "test_accuracy" not in summary
+    keys = set().union(*map(set, read_metrics(tmp_path)))
+    assert "validation/accuracy" in keys and not any(k.startswith("test/") for k in keys)
+    assert "final: validation accuracy" in (tmp_path / "train.log").read_text()
 
 
 def test_nonprivate_reports_infinite_epsilon(tmp_path):

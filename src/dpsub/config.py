@@ -38,6 +38,7 @@ class DatasetSchema:
     image_size: int | None = None
     use_extra: bool = False
     synthetic: dict[str, Any] | None = None
+    validation_size: int | None = None
 
 
 @dataclass
@@ -193,6 +194,10 @@ def validate(cfg: DictConfig) -> DictConfig:
     )
     if d.train_size is not None:
         _require(d.train_size >= 1, "dataset.train_size", "must be >= 1", d.train_size)
+    if d.validation_size is not None:
+        _require(
+            d.validation_size >= 1, "dataset.validation_size", "must be >= 1", d.validation_size
+        )
 
     _require(
         cfg.device == "auto" or str(cfg.device).startswith(("cpu", "cuda", "mps")),

@@ -81,6 +81,7 @@ class DatasetBundle:
     classes: list[str] | None
     mean: tuple[float, ...]  # per-channel normalization that was applied
     std: tuple[float, ...]
+    eval_split: str = "test"  # what test_x / test_y hold: "test", or "validation" (tuning)
 
     @property
     def in_shape(self) -> tuple[int, int, int]:
@@ -100,7 +101,7 @@ class DatasetBundle:
     def describe(self) -> str:
         c, h, w = self.in_shape
         return (
-            f"{self.name}: train {len(self.train_y)}, test {len(self.test_y)}, "
+            f"{self.name}: train {len(self.train_y)}, {self.eval_split} {len(self.test_y)}, "
             f"shape {c}x{h}x{w}, {self.num_classes} classes"
         )
 

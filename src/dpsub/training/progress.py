@@ -48,8 +48,8 @@ def _eps(metrics: dict) -> str:
 
 
 class Progress:
-    def __init__(self, total: int, initial: int, enabled: bool, log_every: int):
-        self.total = total
+    def __init__(self, total: int, initial: int, enabled: bool, split: str = "test"):
+        self.total, self.split = total, split
         self.bar = None
         self._redirect = contextlib.ExitStack()
         if enabled and sys.stderr.isatty():
@@ -61,14 +61,15 @@ class Progress:
 
     def log(self, step: int, metrics: dict, acc: float | None) -> None:
         log.info(
-            "step %d/%d | epsilon %s | test acc %s | %.1f steps/s",
-            step, self.total, _eps(metrics), _pct(acc), metrics.get("steps_per_s", 0.0),
+            "step %d/%d | epsilon %s | %s acc %s | %.1f steps/s",
+            step, self.total, _eps(metrics), self.split, _pct(acc), metrics.get("steps_per_s", 0.0),
         )  # fmt: skip
 
     def evaluation(self, step: int, ev: dict) -> None:
+        split = "validation" if "validation/accuracy" in ev else "test"
         log.info(
-            "eval step %d | test accuracy %s | test loss %.4f | epsilon %s",
-            step, _pct(ev["test/accuracy"]), ev["test/loss"], _eps(ev),
+            "eval step %d | %s accuracy %s | %s loss %.4f | epsilon %s",
+            step, split, _pct(ev[f"{split}/accuracy"]), split, ev[f"{split}/loss"], _eps(ev),
         )  # fmt: skip
 
     def update(self, step: int, eps: float, acc: float | None) -> None:

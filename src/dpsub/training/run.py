@@ -26,6 +26,7 @@ from dpsub.config import check_against_data
 from dpsub.data import DatasetBundle, load_dataset
 from dpsub.data.aux import AuxData, build_aux
 from dpsub.data.sampling import build_sampler, seeded_uniform
+from dpsub.data.validation import carve_validation
 from dpsub.errors import ConfigError, PrivacyError
 from dpsub.grads import GradEngine, check_private_model
 from dpsub.mechanisms import Mechanism, StepContext, StepResult, build_mechanism
@@ -156,6 +157,8 @@ def build_run(cfg: DictConfig, data: DatasetBundle | None = None, dist: Dist = S
     torch.manual_seed(cfg.seed)
     data = load_data(cfg) if data is None else data
     aux, data = build_aux(cfg.aux, data, root=cfg.data.root, seed=cfg.seed)
+    if cfg.dataset.get("validation_size"):  # tuning: evaluate on held-out private examples
+        data = carve_validation(data, int(cfg.dataset.validation_size), cfg.seed)
     n_train = int(data.train_y.shape[0])
     check_against_data(cfg, n_train)
     data = data.to(device)

@@ -58,7 +58,7 @@ class RunResult:
     epsilon: float
     delta: float
     noise_multiplier: float
-    test_accuracy: float
+    test_accuracy: float  # on the validation split for a tuning run (dataset.validation_size)
     test_loss: float
     run_dir: Path
     stopped_by_budget: bool
@@ -76,6 +76,12 @@ def evaluate(model, x, y, batch_size: int) -> tuple[float, float]:
     model.train()
     n = max(int(x.shape[0]), 1)
     return correct / n, loss / n
+
+
+def eval_metrics(run: Run, acc: float, loss: float) -> dict[str, float]:
+    """``test/...``, or ``validation/...`` for a tuning run (dataset.validation_size)."""
+    split = run.data.eval_split
+    return {f"{split}/accuracy": acc, f"{split}/loss": loss}
 
 
 class _StopFlag:
@@ -298,7 +304,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
     stopped_by_budget = False
     acc = loss = None
     window, mech_private = Window(), {}
-    progress = Progress(run.total_steps, run.step, t.progress and main, t.log_every)
+    progress = Progress(run.total_steps, run.step, t.progress and main, run.data.eval_split)
     try:
         with _StopFlag() as stop:
             while run.step < run.total_steps:
@@ -319,7 +325,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
                     acc, loss = evaluate(
                         run.model, run.data.test_x, run.data.test_y, t.eval_batch_size
                     )
-                    ev = {"test/accuracy": acc, "test/loss": loss, **epsilons(run, exact=True)}
+                    ev = {**eval_metrics(run, acc, loss), **epsilons(run, exact=True)}
                     logger.log(ev, step)
                     progress.evaluation(step, ev)
                 progress.update(step, epsilons(run, False).get("epsilon", math.inf), acc)
@@ -354,7 +360,7 @@ def _finish(
     eps = epsilons(run, exact=True)
     if final_eval is None:
         acc, loss = evaluate(run.model, run.data.test_x, run.data.test_y, cfg.train.eval_batch_size)
-        logger.log({"test/accuracy": acc, "test/loss": loss, **eps}, run.step)
+        logger.log({**eval_metrics(run, acc, loss), **eps}, run.step)
     else:
         acc, loss = final_eval
     summary = {
@@ -366,8 +372,8 @@ def _finish(
         "noise_multiplier": run.z,
         "sampling": p.sampling,
         "rng": p.rng,
-        "test_accuracy": acc,
-        "test_loss": loss,
+        f"{run.data.eval_split}_accuracy": acc,
+        f"{run.data.eval_split}_loss": loss,
         "stopped_by_budget": stopped_by_budget,
         "covered_by_epsilon": not private and run.mechanism.accounting != "nominal",
     }
@@ -378,7 +384,7 @@ def _finish(
     if "epsilon_nominal" in eps:
         eps_txt += f" (nominal {eps['epsilon_nominal']:.4f})"
     log.info(
-        "final: test accuracy %.2f%% | epsilon %s (delta=%s, %s, %s) | %d steps | noise multiplier %.4f | run dir %s",
+        f"final: {run.data.eval_split} accuracy %.2f%% | epsilon %s (delta=%s, %s, %s) | %d steps | noise multiplier %.4f | run dir %s",
         100 * acc,
         eps_txt,
         p.delta,
