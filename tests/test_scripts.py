@@ -140,3 +140,15 @@ def test_summarize_runs_bad_run_dir(tmp_path: Path, problem: str) -> None:
     proc = run_script("summarize_runs.py", good, bad, cwd=tmp_path)
     assert_one_line_error(proc, "summarize_runs: ", str(bad), fragment)
     assert proc.stdout == ""
+
+
+def test_every_mutant_of_mutation_check_still_applies():
+    """scripts/mutation_check.py: each deliberate bug's pattern is still in the code."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "mutation_check.py"
+    spec = importlib.util.spec_from_file_location("mutation_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for m in mod.MUTANTS:
+        assert m.old in (mod.ROOT / m.file).read_text(), m.name
