@@ -17,4 +17,4 @@ lane_b() {
   $R experiment=dpsgd_mnist_eps2 train.epochs=10 optim.lr=1.0 > results/logs/dpsgd_mnist_eps2_10ep_lr1.0.log 2>&1
 }
 lane_a & lane_b & wait
-grep -h "^final" results/logs/*.log
+grep -h "final:" results/logs/*.log
