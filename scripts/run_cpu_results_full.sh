@@ -9,4 +9,4 @@ $R experiment=gep_mnist_eps2 > results/logs/gep_mnist_eps2_50ep.log 2>&1 &
 $R experiment=bgep_mnist_eps2 > results/logs/bgep_mnist_eps2_50ep.log 2>&1 &
 wait
 $R experiment=dpsgd_mnist_eps2 > results/logs/dpsgd_mnist_eps2_50ep_lr0.1.log 2>&1
-grep -h "^final" results/logs/*50ep*.log
+grep -h "final:" results/logs/*50ep*.log
