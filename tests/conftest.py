@@ -26,6 +26,10 @@ needs_shared = pytest.mark.skipif(
 )
 
 
+#: torchrun's / Slurm's variables: a CLI run under test is one process unless a test says so
+LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS"}
+
+
 def cli_command(*overrides: str, run_dir: Path | None = None, env: dict | None = None):
     """argv and environment for ``python -m dpsub.train`` (W&B disabled unless overridden)."""
     flags = [o for o in overrides if o.startswith("-")]
@@ -40,7 +44,8 @@ def cli_command(*overrides: str, run_dir: Path | None = None, env: dict | None =
     if run_dir is not None and not any(o.startswith("resume=") for o in overrides):
         args.append(f"out_dir={run_dir}")
     args += [o for o in overrides if not o.startswith("-")]
-    full_env = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
+    inherited = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    full_env = {**inherited, "WANDB_SILENT": "true", **(env or {})}
     if SHARED is not None:
         full_env.setdefault("DPSUB_DATA", str(SHARED))
     return args, full_env
@@ -94,3 +99,10 @@ SYNTH = (
     "train.eval_every=0",
     "optim.lr=0.5",
 )
+
+
+def pytest_collection_modifyitems(items):
+    """Slow tests (long end-to-end runs) get a longer per-test limit than the default."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(5400))

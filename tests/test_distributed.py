@@ -141,11 +141,16 @@ def test_a_failed_rank_stops_the_job_instead_of_hanging(tmp_path):
 
 
 def test_a_slurm_task_finds_its_rank(monkeypatch):
-    """hydra/launcher=slurm with several tasks: Slurm's (submitit's) variables become ranks."""
+    """hydra/launcher=slurm with several tasks: Slurm's (submitit's) variables become ranks.
+
+    ``_slurm_env`` exports RANK, WORLD_SIZE, MASTER_ADDR ... into ``os.environ``; the whole
+    environment is restored afterwards, or every later subprocess would wait for peers.
+    """
     from dpsub.training.distributed import _slurm_env
 
+    monkeypatch.setattr(os, "environ", os.environ.copy())  # restored after the test
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(k, raising=False)
+        os.environ.pop(k, None)
     slurm = {
         "SUBMITIT_EXECUTOR": "slurm", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
         "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_STEP_NODELIST": "node1",
