@@ -65,8 +65,11 @@ class RPDPSGD(Mechanism):
     # ----------------------------------------------------------- subspace
     def fit_basis(self, ctx: StepContext) -> tuple[Tensor, dict[str, float]]:
         """A new (k, p) basis and its public metrics."""
-        device = self.engine.flat_params().device
-        return orthonormal_random_basis(self.engine.dim, self.opts.num_bases, ctx.rng, device), {}
+        k, p = self.opts.num_bases, self.engine.dim
+        return orthonormal_random_basis(p, k, ctx.rng, self._device()), {}
+
+    def _device(self) -> torch.device:
+        return next(self.engine.model.parameters()).device
 
     def current_basis(self, ctx: StepContext) -> tuple[Tensor, dict[str, float]]:
         if self.basis is None or ctx.step - self._basis_step >= self.opts.subspace_every:
@@ -103,8 +106,7 @@ class RPDPSGD(Mechanism):
 
     def load_state_dict(self, state: dict) -> None:
         basis = state.get("basis")
-        device = self.engine.flat_params().device if self.engine is not None else None
-        self.basis = None if basis is None else basis.to(device)
+        self.basis = None if basis is None else basis.to(self._device())
         self._basis_step = int(state.get("basis_step", -1))
 
 
