@@ -123,9 +123,6 @@ class BGEPOptions:
     num_groups: int = opt(3, ge=1, help="groups of grouping=chunks (official code: 3)")
     precision: str = opt("fp32", choices=PRECISIONS, help="power-iteration matmul precision")
     subspace_every: int = opt(1, ge=1, help="recompute the anchor subspace every N steps")
-    diagnostics_every: int = opt(
-        50, ge=0, help="steps between private diagnostics (privacy.private_diagnostics only)"
-    )
 
 
 @declare("gep", needs_aux=True)
@@ -137,7 +134,31 @@ class GEPOptions(BGEPOptions):
 
 
 # ----------------------------------------------------------- PDP-SGD, RPDP-SGD
-# (declarations of the PDP-SGD family go here)
+@declare("rpdpsgd")
+@dataclass
+class RPDPSGDOptions:
+    """RPDP-SGD: DP-SGD's noisy gradient projected onto a random k-dim subspace."""
+
+    clip: float = opt(1.0, gt=0, help="C: per-example gradient norm bound")
+    num_bases: int = opt(50, ge=1, help="k, dimension of the subspace (MNIST 50, F-MNIST 70)")
+    subspace_every: int = opt(1, ge=1, help="s: recompute the subspace every s steps")
+    start_step: int = opt(
+        0, ge=0, help="plain DP-SGD steps before projecting (epochs x N/B; F-MNIST: 14 x 40)"
+    )
+    diagnostics_every: int = opt(
+        50, ge=0, help="steps between private diagnostics (privacy.private_diagnostics only)"
+    )
+
+
+@declare("pdpsgd", needs_aux=True)
+@dataclass
+class PDPSGDOptions(RPDPSGDOptions):
+    """PDP-SGD: DP-SGD's noisy gradient projected onto the top-k public gradient subspace."""
+
+    eigensolver: str = opt(
+        "gram", choices=("gram", "power"), help="exact via the m x m Gram matrix, or power method"
+    )
+    power_iters: int = opt(20, ge=1, help="iterations of eigensolver=power")
 
 
 # -------------------------------------------------- RGP, RGP-random, DP-PowerSGD

@@ -1,0 +1,147 @@
+"""PDP-SGD and RPDP-SGD: DP-SGD's noisy gradient projected onto a k-dim subspace.
+
+Zhou, Wu and Banerjee, "Bypassing the Ambient Dimension: Private SGD with Gradient
+Subspace Identification" (ICLR 2021), Algorithm 1; ``METHODS.md``, "PDP-SGD and
+RPDP-SGD". Each step t:
+
+1. Release DP-SGD's noisy gradient: ``g~ = (sum_i clip(g_i, C) + N(0, z^2 C^2 I_p)) / B``
+   (one record (C, z C): the step costs exactly DP-SGD's).
+2. Subspace ``V_k`` (k x p, orthonormal rows), recomputed every ``s`` steps:
+   PDP-SGD: the top-k eigenvectors of ``M_t = (1/m) sum_j g_j g_j^T`` over the m public
+   examples' gradients (true labels, unclipped, model in eval mode as in the authors'
+   code), exactly from the m x m Gram matrix (:func:`~dpsub.subspace.top_eigvecs_from_gram`)
+   or by the power method (:func:`~dpsub.subspace.power_iteration`); RPDP-SGD: a random
+   Gaussian k x p matrix, orthonormalized, from the public generator ``ctx.rng``.
+3. Update with ``V_k^T V_k g~``: post-processing of the release, so no privacy cost.
+
+Before ``start_step`` the update is plain DP-SGD (the authors' Fashion-MNIST run
+projects from its 15th epoch on). The public examples come from the aux source
+``public_train`` (removed from the private set, so N and q = B / N exclude them).
+
+Metrics. Public: ``kept_norm_fraction`` = ||V^T V g~|| / ||g~|| (from the release),
+``public_energy_topk`` = the share of tr(M_t) in its top-k eigenvalues (public data).
+Private (``privacy.private_diagnostics`` only, every ``diagnostics_every`` steps):
+``residual_mean_grad`` = ||(I - V^T V) g|| / ||g|| for the clean mean gradient g of the
+batch, and ``residual_clipped_sum`` the same for the noise-free clipped sum.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dpsub.mechanisms.base import Mechanism, StepContext, StepResult, register
+from dpsub.subspace import orthonormal_random_basis, power_iteration, top_eigvecs_from_gram
+
+
+def project(basis: Tensor, v: Tensor) -> Tensor:
+    """``V^T V v`` for a (k, p) basis with orthonormal rows and a (p,) vector."""
+    return basis.T @ (basis @ v)
+
+
+def residual_fraction(basis: Tensor, v: Tensor) -> float:
+    """``||v - V^T V v|| / ||v||`` (0 for a zero vector)."""
+    norm = float(v.norm())
+    return float((v - project(basis, v)).norm()) / norm if norm > 0 else 0.0
+
+
+@register("rpdpsgd")
+class RPDPSGD(Mechanism):
+    """RPDP-SGD: the projection onto a random orthonormal basis, redrawn every s steps."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.basis: Tensor | None = None
+        self._basis_step = -1
+
+    def setup(self, engine, aux=None) -> None:
+        super().setup(engine, aux)
+        if self.opts.num_bases > engine.dim:
+            raise ValueError(
+                f"mechanism.num_bases={self.opts.num_bases} exceeds the model's "
+                f"{engine.dim} parameters"
+            )
+
+    # ----------------------------------------------------------- subspace
+    def fit_basis(self, ctx: StepContext) -> tuple[Tensor, dict[str, float]]:
+        """A new (k, p) basis and its public metrics."""
+        k, p = self.opts.num_bases, self.engine.dim
+        return orthonormal_random_basis(p, k, ctx.rng, self._device()), {}
+
+    def _device(self) -> torch.device:
+        return next(self.engine.model.parameters()).device
+
+    def current_basis(self, ctx: StepContext) -> tuple[Tensor, dict[str, float]]:
+        if self.basis is None or ctx.step - self._basis_step >= self.opts.subspace_every:
+            self.basis, metrics = self.fit_basis(ctx)
+            self._basis_step = ctx.step
+            return self.basis, metrics
+        return self.basis, {}
+
+    # ---------------------------------------------------------------- step
+    def step(self, x, y, ctx: StepContext) -> StepResult:
+        o = self.opts
+        clipped = self.engine.clipped_sum(x, y, o.clip)
+        std = ctx.z * o.clip
+        noisy = ctx.noise.gaussian(clipped.sum, std, "gradient")  # DP-SGD's release
+        metrics = {"noise_std": std, "projected": 0.0}
+        if ctx.step < o.start_step:
+            return StepResult(noisy / ctx.expected_batch_size, clipped.stats, metrics)
+        basis, fit_metrics = self.current_basis(ctx)
+        update = project(basis, noisy)  # post-processing of the release
+        metrics.update(fit_metrics, projected=1.0)
+        metrics["kept_norm_fraction"] = float(update.norm() / noisy.norm().clamp_min(1e-30))
+        private = {}
+        every = o.diagnostics_every
+        if ctx.diagnostics and every and ctx.step % every == 0:
+            mean_grad, _ = self.engine.mean_gradient(x, y)
+            private["residual_mean_grad"] = residual_fraction(basis, mean_grad)
+            private["residual_clipped_sum"] = residual_fraction(basis, clipped.sum.value)
+        return StepResult(update / ctx.expected_batch_size, clipped.stats, metrics, private)
+
+    # --------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        basis = None if self.basis is None else self.basis.detach().cpu()
+        return {"basis": basis, "basis_step": self._basis_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        basis = state.get("basis")
+        self.basis = None if basis is None else basis.to(self._device())
+        self._basis_step = int(state.get("basis_step", -1))
+
+
+@register("pdpsgd")
+class PDPSGD(RPDPSGD):
+    """PDP-SGD: the projection onto the top-k eigenspace of the public gradients' M_t."""
+
+    def setup(self, engine, aux=None) -> None:
+        super().setup(engine, aux)
+        if self.opts.num_bases > len(aux):
+            raise ValueError(
+                f"mechanism.num_bases={self.opts.num_bases} exceeds the {len(aux)} public "
+                "gradients, whose span has at most that many directions; lower num_bases or "
+                "raise aux.num_samples"
+            )
+
+    def public_gradients(self, ctx: StepContext) -> Tensor:
+        """M's factor (m, p): per-example gradients of the public set, model in eval mode."""
+        model = self.engine.model
+        was_training = model.training
+        model.eval()
+        try:
+            labels = self.aux.batch_labels(ctx.rng)  # true labels for public_train
+            return torch.cat([c.grads for c in self.engine.per_example(self.aux.x, labels)])
+        finally:
+            model.train(was_training)
+
+    def fit_basis(self, ctx: StepContext) -> tuple[Tensor, dict[str, float]]:
+        G = self.public_gradients(ctx)
+        k = self.opts.num_bases
+        if self.opts.eigensolver == "power":
+            basis = power_iteration(G, k, self.opts.power_iters, ctx.rng)
+            top = float((G @ basis.T).pow(2).sum())
+        else:
+            basis, evals = top_eigvecs_from_gram(G, k, return_eigenvalues=True)
+            top = float(evals.sum()) * G.shape[0]
+        total = float(G.pow(2).sum())
+        return basis, {"public_energy_topk": top / total if total > 0 else 0.0}
