@@ -127,16 +127,15 @@ def test_reconstruction_is_the_projection_of_the_weight_gradient(update):
     torch.manual_seed(0)
     net, (x, y) = ConvNet(), data()
     mech = mechanism("rgp_random", net, rank=2, clip=INF, update=update)
-    c = ctx()
-    res = mech.step(x, y, c)
-    ref = loop_weight_grads(net, x, y)
+    res = mech.step(x, y, ctx(B=10.0))  # divided by the expected batch size, not by 6
+    ref = {n: g.sum(0) / 10 for n, g in loop_weight_grads(net, x, y).items()}
     got = mech.engine.layout.unflatten(res.grad)
     for name, (L, R) in mech.carriers.items():
-        dW = ref[name].mean(0).reshape(L.shape[0], -1)
+        dW = ref[name].reshape(L.shape[0], -1)
         want = projection(dW, L, R, update == "left")
         torch.testing.assert_close(got[name].reshape(want.shape), want, atol=1e-6, rtol=1e-5)
-        assert (got[name] - ref[name].mean(0)).norm() > 1e-3  # rank 2: a real projection
-    torch.testing.assert_close(got["fc.bias"], ref["fc.bias"].mean(0))
+        assert (got[name] - ref[name]).norm() > 1e-3  # rank 2: a real projection
+    torch.testing.assert_close(got["fc.bias"], ref["fc.bias"])
     assert res.metrics["noise_std"] == 0.0
 
 
@@ -269,23 +268,28 @@ def test_dppowersgd_at_full_rank_is_dpsgd():
 
 
 def test_dppowersgd_is_rank_r_keeps_Q_and_feeds_back_the_error():
+    """Rank r per weight, error feedback M + e = approximation + e', Q warm-started."""
     torch.manual_seed(0)
     net, (x, y) = ConvNet(), data()
     power = mechanism("dppowersgd", net, rank=2, error_feedback=True)
     dpsgd = mechanism("dpsgd", net)
-    res = power.step(x, y, ctx(z=1.0))
-    noisy = dpsgd.step(x, y, ctx(z=1.0)).grad  # the same release (same noise seed)
     layout = power.engine.layout
-    for name in layout.matrix_names():
-        assert torch.linalg.matrix_rank(layout.matrix_view(res.grad, name)) <= 2
-        M = layout.matrix_view(noisy, name)  # error feedback: M = approximation + error
-        torch.testing.assert_close(layout.matrix_view(res.grad, name) + power.error[name], M)
-    torch.testing.assert_close(
-        layout.unflatten(res.grad)["fc.bias"], layout.unflatten(noisy)["fc.bias"]
-    )
-    Q1 = {n: q.clone() for n, q in power.Q.items()}
-    power.step(x, y, ctx(z=1.0, step=1, seed=1))
-    assert all(not torch.equal(Q1[n], power.Q[n]) for n in Q1)  # warm start updated, not redrawn
+    Q, error = {}, {n: 0.0 for n in layout.matrix_names()}
+    for step in range(2):
+        res = power.step(x, y, ctx(z=1.0, seed=step, step=step))
+        noisy = dpsgd.step(x, y, ctx(z=1.0, seed=step, step=step)).grad  # the same release
+        for name in layout.matrix_names():
+            M = layout.matrix_view(noisy, name) + error[name]
+            out = layout.matrix_view(res.grad, name)
+            assert torch.linalg.matrix_rank(out) <= 2
+            torch.testing.assert_close(out + power.error[name], M)
+            if step == 1:  # P = orth(M Q_prev), out = P P^T M: the warm start was used
+                P = torch.linalg.qr(M @ Q[name])[0]
+                torch.testing.assert_close(out, P @ P.T @ M, atol=1e-5, rtol=1e-4)
+        Q = {n: q.clone() for n, q in power.Q.items()}
+        error = {n: e.clone() for n, e in power.error.items()}
+        bias = layout.unflatten(res.grad)["fc.bias"]
+        torch.testing.assert_close(bias, layout.unflatten(noisy)["fc.bias"])
 
 
 # ------------------------------------------------------------------- state
