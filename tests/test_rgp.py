@@ -156,6 +156,25 @@ def test_full_rank_without_clipping_and_noise_is_plain_sgd(name):
         torch.testing.assert_close(p.detach(), p0 - 0.5 * g, atol=1e-6, rtol=1e-5)
 
 
+def test_projection_residual_is_a_private_diagnostic_of_what_the_carriers_miss():
+    torch.manual_seed(0)
+    net, (x, y) = ConvNet(), data()
+    mech = mechanism("rgp_random", net, rank=2, diagnostics_every=1)
+    assert mech.step(x, y, ctx()).private_metrics == {}  # only when diagnostics are wanted
+    c = ctx(step=1)
+    c.diagnostics = True
+    got = mech.step(x, y, c).private_metrics["projection_residual"]
+    mean = {n: g.mean(0) for n, g in loop_weight_grads(net, x, y).items()}
+    missed = total = 0.0
+    for n, (L, R) in mech.carriers.items():
+        G = mean[n].reshape(L.shape[0], -1)
+        missed += float((G - projection(G, L, R)).pow(2).sum())
+        total += float(G.pow(2).sum())
+    assert got == pytest.approx((missed / total) ** 0.5, rel=1e-4)
+    full = mechanism("rgp_random", net, rank=1000, diagnostics_every=1)
+    assert full.step(x, y, c).private_metrics["projection_residual"] < 1e-5
+
+
 # ------------------------------------------------------------------- carriers
 def test_power_carriers_span_a_low_rank_update_and_are_orthonormal():
     g = torch.Generator().manual_seed(0)

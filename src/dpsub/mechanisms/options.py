@@ -153,6 +153,9 @@ class _CarrierOptions:
         "full", choices=RGP_UPDATES, help="full: Corollary 2.1.1 (paper); left: frozen R, (dL) R"
     )
     carriers_every: int = opt(1, ge=1, help="recompute the carriers every N steps (paper: 1)")
+    diagnostics_every: int = opt(
+        50, ge=0, help="steps between projection-residual logs (privacy.private_diagnostics only)"
+    )
 
 
 @declare("rgp_random")

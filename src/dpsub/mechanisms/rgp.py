@@ -34,7 +34,7 @@ from torch import Tensor
 
 from dpsub.grads.lowrank import Carriers, LowRankReparam
 from dpsub.mechanisms.base import Mechanism, StepContext, StepResult, register
-from dpsub.subspace.lowrank import power_carriers, random_carriers
+from dpsub.subspace.lowrank import carrier_projection, power_carriers, random_carriers
 
 
 class _CarrierMechanism(Mechanism):
@@ -71,11 +71,32 @@ class _CarrierMechanism(Mechanism):
         std = 0.0 if ctx.z == 0 else ctx.z * self.opts.clip  # z=0: noise off (tests)
         noisy = ctx.noise.gaussian(clipped.sum, std, "carriers")
         grad = self.reparam.reconstruct(noisy, target, carriers)
+        every = self.opts.diagnostics_every
+        private = {}
+        if ctx.diagnostics and every and ctx.step % every == 0 and x.shape[0]:
+            private["projection_residual"] = self.projection_residual(x, y, carriers)
         return StepResult(
             grad=grad / ctx.expected_batch_size,
             stats=clipped.stats,
             metrics={"noise_std": std, "released_dim": float(target.layout.dim)},
+            private_metrics=private,
         )
+
+    def projection_residual(self, x: Tensor, y: Tensor, carriers: Carriers) -> float:
+        """``||dW - P(dW)|| / ||dW||`` over all weights, dW the batch's mean gradient (eq. 5).
+
+        How much of the (non-private) gradient the carriers miss; computed from private
+        data without noise, so a diagnostic only.
+        """
+        mean, _ = self.engine.mean_gradient(x, y)
+        grads = self.engine.layout.unflatten(mean)
+        missed = total = 0.0
+        for name, (L, R) in carriers.items():
+            G = grads[name].reshape(L.shape[0], -1)
+            dR = None if self.opts.update == "left" else L.T @ G
+            missed += float((G - carrier_projection(G @ R.T, dR, L, R)).pow(2).sum())
+            total += float(G.pow(2).sum())
+        return (missed / total) ** 0.5 if total > 0 else 0.0
 
     @property
     def device(self):
