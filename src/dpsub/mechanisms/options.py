@@ -162,7 +162,49 @@ class PDPSGDOptions(RPDPSGDOptions):
 
 
 # -------------------------------------------------- RGP, RGP-random, DP-PowerSGD
-# (declarations of the RGP family go here)
+RGP_UPDATES = ("full", "left")
+RGP_SOURCES = ("historical", "weights")
+
+
+@dataclass
+class _CarrierOptions:
+    clip: float = opt(1.0, gt=0, help="C: norm bound of all carrier gradients of one example")
+    rank: int = opt(16, ge=1, help="r per weight, capped at min(out, in*kh*kw) (paper: 1-16)")
+    update: str = opt(
+        "full", choices=RGP_UPDATES, help="full: Corollary 2.1.1 (paper); left: frozen R, (dL) R"
+    )
+    carriers_every: int = opt(1, ge=1, help="recompute the carriers every N steps (paper: 1)")
+    diagnostics_every: int = opt(
+        50, ge=0, help="steps between projection-residual logs (privacy.private_diagnostics only)"
+    )
+
+
+@declare("rgp_random")
+@dataclass
+class RGPRandomOptions(_CarrierOptions):
+    """RGP-random: RGP with random orthonormal gradient carriers (public randomness)."""
+
+
+@declare("rgp")
+@dataclass
+class RGPOptions(_CarrierOptions):
+    """RGP: perturb low-rank gradient carriers from the historical update, reconstruct."""
+
+    power_iters: int = opt(1, ge=1, help="K: power iterations per carrier pair (paper: 1)")
+    source: str = opt(
+        "historical", choices=RGP_SOURCES, help="historical: W_t - W_0 (paper); weights: W_t"
+    )
+    warmup_steps: int = opt(50, ge=1, help="first steps decomposing W_t itself (source=historical)")
+
+
+@declare("dppowersgd")
+@dataclass
+class DPPowerSGDOptions:
+    """DP-PowerSGD: DP-SGD's noisy gradient, each weight matrix compressed to rank r."""
+
+    clip: float = opt(1.0, gt=0, help="C: per-example gradient norm bound")
+    rank: int = opt(16, ge=1, help="r per weight matrix, capped at min(out, in*kh*kw)")
+    error_feedback: bool = opt(False, help="add the last compression error before compressing")
 
 
 # ------------------------------------------------------------- DP-Hero

@@ -1,0 +1,187 @@
+"""Low-rank reparametrization: per-example gradients of gradient carriers, never of weights.
+
+RGP (Yu et al., ICML 2021, Section 2) rewrites every trainable weight matrix
+``W`` (p x d; a convolution's kernel read as out x in*kh*kw) as
+
+    W  ->  L R + stop_grad(W - L R)                                        (eq. 1)
+
+with carriers ``L`` (p x r) and ``R`` (r x d). The forward and backward signals are
+unchanged, and the carriers' gradients are ``dL = (dW) R^T`` and ``dR = L^T (dW)``
+(Theorem 2.1). A convolution becomes a conv with kernel ``R`` (in -> r, the original
+kernel size, stride, padding and dilation), a 1x1 conv with kernel ``L`` (r -> out) and
+the frozen residual conv (Section 2.1, eq. 4); a linear layer becomes the pair
+``x -> (x R^T) L^T`` plus the frozen residual.
+
+:class:`LowRankReparam` does this surgery once on a copy of the model and then, for
+any carriers, gives a :class:`~dpsub.grads.engine.GradTarget` whose parameters are the
+carriers of every weight and the model's other trainable (non-matrix) parameters and
+whose forward is the reparametrized network with the *current* weights as the frozen
+part. ``GradEngine.per_example(x, y, target)`` then yields per-example gradients of
+size ``sum r (p + d)`` per example instead of ``sum p d``: memory O(B r d).
+:meth:`LowRankReparam.reconstruct` maps a released carrier gradient back to a flat
+gradient of the model's own parameters (Corollary 2.1.1).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from dpsub.grads.engine import GradTarget
+from dpsub.grads.layout import ParamLayout
+from dpsub.subspace.lowrank import carrier_projection
+
+__all__ = ["Carriers", "LowRankConv2d", "LowRankLinear", "LowRankReparam"]
+
+#: Per weight name: (L (p x r) with orthonormal columns, R (r x d) with orthonormal rows).
+Carriers = dict[str, tuple[Tensor, Tensor]]
+
+
+def _placeholder() -> Tensor:
+    return torch.empty(0)
+
+
+class LowRankConv2d(nn.Module):
+    """``conv(x, W - L R) + conv1x1(conv(x, R), L)`` (eq. 4); tensors supplied at call time.
+
+    ``left`` (out, r, 1, 1), ``right`` (r, in, kh, kw) and ``residual`` are buffers
+    that :func:`torch.func.functional_call` replaces; ``bias`` stays a parameter.
+    """
+
+    def __init__(self, conv: nn.Conv2d):
+        super().__init__()
+        if conv.groups != 1 or conv.padding_mode != "zeros":
+            raise ValueError(
+                "RGP reparametrizes convolutions with groups=1 and zero padding, got "
+                f"groups={conv.groups}, padding_mode={conv.padding_mode!r}"
+            )
+        self.stride, self.padding, self.dilation = conv.stride, conv.padding, conv.dilation
+        for name in ("left", "right", "residual"):
+            self.register_buffer(name, _placeholder(), persistent=False)
+        self.bias = conv.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        geometry = {"stride": self.stride, "padding": self.padding, "dilation": self.dilation}
+        low = F.conv2d(F.conv2d(x, self.right, None, **geometry), self.left)
+        return F.conv2d(x, self.residual, self.bias, **geometry) + low
+
+
+class LowRankLinear(nn.Module):
+    """``x (W - L R)^T + (x R^T) L^T + b`` (eq. 1); tensors supplied at call time."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        for name in ("left", "right", "residual"):
+            self.register_buffer(name, _placeholder(), persistent=False)
+        self.bias = linear.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.residual, self.bias) + F.linear(F.linear(x, self.right), self.left)
+
+
+def _join(prefix: str, attr: str) -> str:
+    return f"{prefix}.{attr}" if prefix else attr
+
+
+class LowRankReparam:
+    """The model with every trainable Conv2d/Linear weight reparametrized (eq. 1).
+
+    Args:
+        model: the network; its weights are read at every :meth:`target` call.
+        train_right: differentiate ``R`` too (paper); ``False`` freezes it (the authors'
+            code: only ``(dL) R`` is used).
+
+    Raises ValueError for a trainable tensor of two or more dimensions that is not the
+    weight of an ``nn.Conv2d`` (groups=1) or ``nn.Linear``: it would need a full
+    per-example gradient.
+    """
+
+    def __init__(self, model: nn.Module, train_right: bool = True):
+        self.model = model
+        self.train_right = train_right
+        self.layout = ParamLayout.of(model)
+        self.weights = self.layout.matrix_names()
+        self.copy = copy.deepcopy(model)
+        modules = dict(self.copy.named_modules())
+        self._module_of: dict[str, str] = {}
+        for name in self.weights:
+            prefix, _, attr = name.rpartition(".")
+            module = modules[prefix]
+            if attr != "weight" or not isinstance(module, (nn.Conv2d, nn.Linear)):
+                raise ValueError(
+                    f"RGP reparametrizes the weights of Conv2d and Linear layers only; {name} "
+                    f"belongs to a {type(module).__name__}"
+                )
+            wrapped = (LowRankConv2d if isinstance(module, nn.Conv2d) else LowRankLinear)(module)
+            if prefix:
+                self.copy.set_submodule(prefix, wrapped)
+            else:
+                self.copy = wrapped
+            self._module_of[name] = prefix
+        self._frozen: dict[str, Tensor] = {}
+        self._forward = self._make_forward()
+
+    def _make_forward(self):
+        copy_ = self.copy
+
+        def forward(params: dict[str, Tensor], x: Tensor) -> Tensor:
+            return functional_call(copy_, {**params, **self._frozen}, (x,))
+
+        return forward
+
+    # ------------------------------------------------------------ weights
+    def matrices(self) -> dict[str, Tensor]:
+        """Current weight matrices (p x in*kh*kw), detached views of the model's tensors."""
+        params = dict(self.model.named_parameters())
+        return {n: params[n].detach().reshape(params[n].shape[0], -1) for n in self.weights}
+
+    def carrier_names(self, weight: str) -> tuple[str, str]:
+        prefix = self._module_of[weight]
+        return _join(prefix, "left"), _join(prefix, "right")
+
+    # ------------------------------------------------------------- target
+    def target(self, carriers: Carriers) -> GradTarget:
+        """Differentiate the carriers (and non-matrix parameters) at the current weights."""
+        params: dict[str, Tensor] = {}
+        frozen = dict(self.model.named_buffers())
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            if name not in carriers:
+                params[name] = p.detach()
+                continue
+            L, R = carriers[name]
+            W = p.detach().reshape(p.shape[0], -1)
+            left, right = self.carrier_names(name)
+            frozen[_join(self._module_of[name], "residual")] = (W - L @ R).view_as(p)
+            conv = p.dim() == 4
+            params[left] = L.view(*L.shape, 1, 1) if conv else L
+            (params if self.train_right else frozen)[right] = R.view(R.shape[0], *p.shape[1:])
+        missing = set(self.weights) - set(carriers)
+        if missing:
+            raise ValueError(f"no carriers for {sorted(missing)}")
+        self._frozen = frozen
+        return GradTarget(params, self._forward)
+
+    def reconstruct(self, flat: Tensor, target: GradTarget, carriers: Carriers) -> Tensor:
+        """A flat gradient of the model's parameters from a flat carrier gradient of ``target``.
+
+        Weights: Corollary 2.1.1, ``(dL) R + L (dR) - L L^T (dL) R`` (or ``(dL) R`` with a
+        frozen ``R``); other parameters: their own entries, unchanged.
+        """
+        parts = target.layout.unflatten(flat)
+        out = []
+        for name in self.layout.names:
+            if name in carriers:
+                L, R = carriers[name]
+                left, right = self.carrier_names(name)
+                dL = parts[left].reshape(L.shape)
+                dR = parts[right].reshape(R.shape) if self.train_right else None
+                out.append(carrier_projection(dL, dR, L, R).reshape(-1))
+            else:
+                out.append(parts[name].reshape(-1))
+        return torch.cat(out)
