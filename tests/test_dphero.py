@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from dpsub.errors import PrivacyError
+from dpsub.grads import GradEngine
+from dpsub.mechanisms import build_mechanism
 from dpsub.mechanisms.dphero import hero_scales
 from dpsub.privacy import NoiseBlock, Privatizer, SeededNoise, Sensitive, epsilon_for
 from dpsub.training.run import build_run, train_step
@@ -144,23 +146,24 @@ def test_a_direction_without_noise_is_refused():
 
 # ----------------------------------------------------------- the floor variant
 def test_floor_variant_never_adds_less_noise_than_dpsgd_in_any_direction():
-    """Scales max(s_i, 1): the record says >= z C, and the noise drawn has it."""
-    gen = torch.Generator().manual_seed(2)
-    for w in [
-        torch.randn(4, 9, generator=gen),
-        torch.randn(5, 3, generator=gen),
-        torch.zeros(3, 3),
-    ]:
-        basis, s = hero_scales(w)
-        left = basis * s.clamp_min(1.0)
+    """Scales max(s_i, 1), also for rank-deficient and zero W: the record says >= z C, and
+    the noise drawn with the mechanism's own shaping has it along every eigenvector."""
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(9, 4), nn.Linear(4, 5), nn.Linear(5, 3))  # 5 x 4: rank 4
+    with torch.no_grad():
+        model[2].weight.zero_()
+    mech = build_mechanism("dphero_floor")
+    mech.setup(GradEngine(model))
+    blocks, _ = mech.noise_blocks()
+    for b in blocks:
         p = Privatizer(SeededNoise(torch.Generator().manual_seed(3)))
-        rows, cols = w.shape[0], 40_000
-        noise = p.shaped(
-            Sensitive(torch.zeros(rows * cols), 0.5), 0.8, [NoiseBlock(0, rows, cols, left)]
-        )
+        cols = 40_000
+        wide = NoiseBlock(0, b.rows, cols, b.left)
+        noise = p.shaped(Sensitive(torch.zeros(b.rows * cols), 0.5), 0.8, [wide])
         assert p.records[0].std >= 0.8 * (1 - 1e-12)
         assert p.effective_multiplier() >= 0.8 / 0.5 * (1 - 1e-12)
-        along = basis.T.float() @ noise.view(rows, cols)  # noise along each eigenvector
+        basis = torch.linalg.svd(b.left.double())[0].float()  # eigenvectors of the covariance
+        along = basis.T @ noise.view(b.rows, cols)
         assert along.std(dim=1).min() >= 0.8 * 0.97
 
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from dpsub.eval.mia import (
     attack_success,
@@ -18,7 +19,7 @@ from dpsub.eval.mia import (
 )
 from dpsub.training.run import build_run, train_step
 
-from conftest import REPO, SYNTH, compose_cfg
+from conftest import CONF_DIR, REPO, SYNTH, compose_cfg
 
 torch.set_num_threads(2)
 
@@ -51,6 +52,17 @@ def test_attack_uses_disjoint_halves_and_balances_the_sets():
     r = loss_threshold_attack(torch.rand(1001), torch.rand(300) + 0.5, gen)
     assert r.examples == 300  # 150 members + 150 non-members, the other 150 + 150 chose
     assert r.ci_low <= r.success <= r.ci_high
+
+
+def test_success_is_measured_out_of_sample():
+    """Members and non-members alike: a threshold chosen on the other half is right half the
+    time on average (choosing it on the evaluation half itself would average ~0.6)."""
+    gen = torch.Generator().manual_seed(5)
+    rates = [
+        loss_threshold_attack(torch.rand(40, generator=gen), torch.rand(40, generator=gen), gen)
+        for _ in range(300)
+    ]
+    assert sum(r.success for r in rates) / len(rates) == pytest.approx(0.5, abs=0.015)
 
 
 def synth_run(*extra):
@@ -97,6 +109,23 @@ def test_evaluate_run_touches_neither_model_nor_training_randomness():
     assert all(torch.equal(a, b) for a, b in zip(before, run.model.parameters(), strict=True))
     assert all(torch.equal(g.get_state(), states[k]) for k, g in run.generators.items())
     assert run.model.training
+
+
+# ------------------------------------------------------------- trainer hook
+HAS_EVAL = "eval" in OmegaConf.load(CONF_DIR / "config.yaml")
+
+
+@pytest.mark.skipif(not HAS_EVAL, reason="the eval: block of conf/config.yaml is not merged yet")
+def test_eval_mia_is_logged_under_private_and_uncovers_the_run(tmp_path):
+    from dpsub.training.trainer import train
+
+    train(compose_cfg(*SYNTH, "eval.mia=true", "eval.mia_examples=50"), tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["covered_by_epsilon"] is False
+    assert summary["private/mia/examples"] == 50
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert any("private/mia/success" in m for m in logged)
+    assert all(k.startswith("private/") for m in logged for k in m if "mia" in k)
 
 
 # ------------------------------------------------------------------- script
