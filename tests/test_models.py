@@ -19,6 +19,7 @@ FAST_KWARGS = {
     "lenet": {},
     "resnet20": {},
     "wrn": {"depth": 10, "width": 1},
+    "cifar_cnn": {"channels": 8, "hidden": 16},
 }
 
 
@@ -28,7 +29,7 @@ def _seed():
 
 
 def test_registry_names():
-    assert set(MODELS) == {"mnist_cnn", "lenet", "resnet20", "wrn"}
+    assert set(MODELS) == {"mnist_cnn", "lenet", "resnet20", "wrn", "cifar_cnn"}
 
 
 @pytest.mark.parametrize("in_shape", [MNIST, CIFAR], ids=["mnist", "cifar"])
@@ -62,6 +63,8 @@ def test_group_norm_variant(name, in_shape):
         ("wrn", CIFAR, {"depth": 28, "width": 4}, 5_828_800),
         ("wrn", CIFAR, {"depth": 28, "width": 2}, 1_458_272),
         ("wrn", CIFAR, {"depth": 10, "width": 1}, 74_800),
+        ("cifar_cnn", CIFAR, {}, 1_832_266),  # Abadi et al.: 64 channels, 2 x 384 units
+        ("cifar_cnn", MNIST, {}, 1_460_426),
     ],
 )
 def test_parameter_counts(name, in_shape, kwargs, expected):
@@ -96,7 +99,13 @@ def test_no_batchnorm_no_inplace(name):
 
 @pytest.mark.parametrize(
     ("name", "in_shape"),
-    [("mnist_cnn", MNIST), ("lenet", MNIST), ("resnet20", CIFAR), ("wrn", CIFAR)],
+    [
+        ("mnist_cnn", MNIST),
+        ("lenet", MNIST),
+        ("resnet20", CIFAR),
+        ("wrn", CIFAR),
+        ("cifar_cnn", CIFAR),
+    ],
 )
 def test_vmap_per_example_grads_match_loop(name, in_shape):
     model = build_model(name, in_shape, 10, **FAST_KWARGS[name]).double()

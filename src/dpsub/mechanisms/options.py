@@ -208,4 +208,25 @@ class DPPowerSGDOptions:
 
 
 # ------------------------------------------------------------- DP-Hero
-# (declarations of the DP-Hero family go here)
+HERO_ACCOUNTING = ("measured", "nominal")
+
+
+@declare("dphero")
+@dataclass
+class DPHeroOptions:
+    """DP-Hero: DP-SGD noise reshaped per layer by the PCA of W W^T (honest epsilon logged)."""
+
+    clip: float = opt(1.0, gt=0, help="C: per-example gradient norm bound")
+    accounting: str = opt(
+        "measured",
+        choices=HERO_ACCOUNTING,
+        help="budget on the honest epsilon (measured) or on the paper's nominal one (nominal)",
+    )
+
+
+@declare("dphero_floor")
+@dataclass
+class DPHeroFloorOptions:
+    """DP-Hero with every direction floored at DP-SGD's noise: its nominal epsilon is honest."""
+
+    clip: float = opt(1.0, gt=0, help="C: per-example gradient norm bound")

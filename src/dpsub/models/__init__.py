@@ -12,6 +12,8 @@ Registry (``MODELS``), each entry called as ``ctor(in_shape, num_classes, **kwar
   (268,346 params on CIFAR-10).  kwargs: ``gn_groups`` (default 4).
 * ``"wrn"`` -- :func:`~dpsub.models.wrn.wrn`, RGP's pre-activation GroupNorm WRN.
   kwargs: ``depth`` (28), ``width`` (4), ``gn_groups`` (32).
+* ``"cifar_cnn"`` -- :class:`~dpsub.models.cifar_cnn.CifarCNN`, Abadi et al.'s CIFAR-10 CNN
+  (DP-Hero's; 1,832,266 params on CIFAR-10).  kwargs: ``channels`` (64), ``hidden`` (384).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ MODELS: dict[str, str] = {
     "lenet": "dpsub.models.lenet:LeNet",
     "resnet20": "dpsub.models.resnet:resnet20",
     "wrn": "dpsub.models.wrn:wrn_for_shape",
+    "cifar_cnn": "dpsub.models.cifar_cnn:CifarCNN",
 }
 
 

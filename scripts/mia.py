@@ -1,0 +1,103 @@
+"""Membership-inference success of a finished run's model (loss-threshold attack, RGP §5.3).
+
+    uv run python scripts/mia.py RUN_DIR [--examples 10000] [--seed S] [--data-root DIR]
+
+Rebuilds the run's data exactly as it trained (its config.yaml: dataset, subset, aux
+source and seed; the private training set is checked against the checkpoint's
+fingerprint), loads the model from checkpoint.pt, and attacks it with ``examples``
+private training examples (members) and as many held-out test examples (non-members;
+those an aux source took are excluded). Prints one line and writes RUN_DIR/mia.json.
+
+The success rate is computed from private data without noise: it is for the data
+holder's audit, not covered by the run's epsilon (mia.json says so). A missing run dir,
+config or checkpoint, or a changed dataset, is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+
+class RunError(Exception):
+    """A run dir that cannot be attacked; the message names it."""
+
+
+def load(run_dir: Path, data_root: str | None):
+    """The rebuilt run with the checkpoint's model (RunError if anything is missing)."""
+    if not run_dir.is_dir():
+        raise RunError(f"{run_dir}: no such run directory")
+    for name in ("config.yaml", "checkpoint.pt"):
+        if not (run_dir / name).is_file():
+            raise RunError(f"{run_dir}: no {name} in this directory (not a finished dpsub run?)")
+    try:
+        cfg = OmegaConf.load(run_dir / "config.yaml")
+    except Exception as e:  # noqa: BLE001 -- YAML syntax errors have several classes
+        problem = f"not a readable YAML file ({type(e).__name__})"
+        raise RunError(f"{run_dir / 'config.yaml'}: {problem}") from None
+    from dpsub.errors import exit_code  # torch is imported only for a plausible run dir
+    from dpsub.training.checkpoint import data_fingerprint, load_checkpoint
+    from dpsub.training.run import build_run
+
+    if data_root is not None:
+        cfg.data.root = data_root
+    try:
+        run = build_run(cfg)
+    except Exception as e:  # noqa: BLE001 -- dpsub's config/data errors become one line
+        if exit_code(e) is None:
+            raise
+        raise RunError(f"{run_dir / 'config.yaml'}: {e}") from None
+    ckpt = load_checkpoint(run_dir, map_location=run.device)
+    fp = ckpt.get("data_fingerprint")
+    if fp is not None and fp != data_fingerprint(run.data.train_x, run.data.train_y):
+        raise RunError(
+            f"{run_dir}: the rebuilt private training set differs from the one the run trained "
+            "on (data fingerprint mismatch); check --data-root"
+        )
+    run.model.load_state_dict(ckpt["state"]["model"])
+    return run, ckpt["state"]["step"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--examples", type=int, default=None, help="members (= non-members) asked")
+    ap.add_argument("--seed", type=int, default=None, help="selection seed (default: run seed)")
+    ap.add_argument("--data-root", default=None, help="override the run's data.root")
+    args = ap.parse_args(argv)
+    if args.examples is not None and args.examples < 2:
+        print(f"mia.py: --examples must be >= 2, got {args.examples}", file=sys.stderr)
+        return 2
+    try:
+        run, step = load(args.run_dir, args.data_root)
+    except RunError as e:
+        print(f"mia.py: {e}", file=sys.stderr)
+        return 2
+    import torch
+
+    from dpsub.eval.mia import evaluate_run
+
+    torch.set_num_threads(1)
+    result = evaluate_run(run, args.examples, args.seed)
+    out = {
+        "run_dir": str(args.run_dir),
+        "step": step,
+        "mechanism": run.mechanism.name,
+        **{k.removeprefix("private/mia/"): v for k, v in result.items()},
+        "covered_by_epsilon": False,  # computed from private data without noise
+    }
+    (args.run_dir / "mia.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(
+        f"{args.run_dir}: membership-inference success {100 * out['success']:.2f}% "
+        f"(95% CI {100 * out['ci_low']:.2f}-{100 * out['ci_high']:.2f}, "
+        f"{out['examples']} examples) -> {args.run_dir / 'mia.json'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

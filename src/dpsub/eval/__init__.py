@@ -1,0 +1,1 @@
+"""Evaluations of a trained model beyond test accuracy (membership inference: :mod:`.mia`)."""
