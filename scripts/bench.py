@@ -23,10 +23,13 @@ Usage::
         --out results/bench/x.json --markdown results/bench/x.md
 
 ``--set KEY=VALUE`` sets ``mechanism.KEY`` for every mechanism declaring KEY, ``--set
-MECH.KEY=VALUE`` only for MECH; ``--override`` passes any Hydra override to every run.
+MECH.KEY=VALUE`` only for MECH; ``--variant MECH:KEY=VALUE,...`` adds one more row of
+MECH with those options (e.g. GEP at two subspace cadences in one interleaved run);
+``--override`` passes any Hydra override to every run.
 Mechanisms that need auxiliary data get ``aux=gaussian`` with ``--aux-size`` examples.
 
-Memory is measured on separate, untimed steps after the timed ones (``--memory-steps``):
+Memory is measured on separate, untimed steps before the warmup (``--memory-steps``; the
+first step of a run includes its first subspace fit):
 on CUDA ``max_memory_allocated()`` during the step minus what was allocated just
 before it; on the CPU the process RSS sampled every ~2 ms by a thread during the step
 minus the RSS just before it, after giving freed heap back to the OS (approximate:
@@ -265,10 +268,10 @@ def interleave(runs, records, args, rounds: int, step_fn) -> list[list[float]]:
 
 
 def bench_model(model: str, pairs, args, overrides, used) -> list[dict]:
-    """Build every run of ``model``; warm up, time, then measure memory, all interleaved."""
+    """Build every run of ``model``; measure memory, warm up, then time, all interleaved."""
     records, runs = [], []
-    for mech, backend in pairs:
-        options = mechanism_options(mech, overrides, used)
+    for mech, backend, variant in pairs:
+        options = {**mechanism_options(mech, overrides, used), **variant}
         rec = {
             "model": model, "in_shape": list(in_shape_of(model)), "mechanism": mech,
             "backend": "-" if mech == "nonprivate" else backend, "batch_size": args.batch_size,
@@ -280,9 +283,12 @@ def bench_model(model: str, pairs, args, overrides, used) -> list[dict]:
             rec["aux_size"] = args.aux_size
         runs.append(build(rec, run_overrides(model, mech, backend, options, args)))
         records.append(rec)
-    interleave(runs, records, args, args.warmup, timed_step)
-    times = interleave(runs, records, args, args.steps, timed_step)
+    # memory first: step 0 fits every subspace mechanism's first basis; then at least one
+    # untimed step re-faults the trimmed heap before anything is timed
     mems = interleave(runs, records, args, args.memory_steps, lambda r, i: memory_step(r, i, args))
+    settle = max(args.warmup, 1 if args.memory_steps else 0)
+    interleave(runs, records, args, settle, timed_step)
+    times = interleave(runs, records, args, args.steps, timed_step)
     for i, rec in enumerate(records):
         if rec["status"] == "ok":
             ms = times[i]
@@ -310,18 +316,29 @@ def ratios(records: list[dict]) -> list[dict]:
     return records
 
 
-def plan(args) -> list[tuple[str, str]]:
-    """(mechanism, backend) pairs, nonprivate first."""
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """``MECH:KEY=VALUE,KEY=VALUE`` -> (MECH, {KEY: value}) (values YAML-typed)."""
+    mech, sep, rest = text.partition(":")
+    if not sep or not mech or "=" not in rest:
+        raise SystemExit(f"--variant expects MECH:KEY=VALUE[,KEY=VALUE...], got {text!r}")
+    return mech, {k: v for _, k, v in parse_overrides(rest.split(","))}
+
+
+def plan(args) -> list[tuple[str, str, dict[str, Any]]]:
+    """(mechanism, backend, variant options) rows, nonprivate first, then --variant rows."""
     names = args.mechanisms or sorted(SPECS)
     names = ["nonprivate"] + [n for n in dict.fromkeys(names) if n != "nonprivate"]
     backends = args.backends or [args.backend]
-    pairs = []
+    rows = []
     for name in names:
         if name != "nonprivate" and ("all" in args.backends_for or name in args.backends_for):
-            pairs.extend((name, b) for b in backends)
+            rows.extend((name, b, {}) for b in backends)
         else:
-            pairs.append((name, args.backend))
-    return pairs
+            rows.append((name, args.backend, {}))
+    for text in args.variant:
+        mech, options = parse_variant(text)
+        rows.append((mech, args.backend, options))
+    return rows
 
 
 # --------------------------------------------------------------------- env
@@ -361,7 +378,7 @@ def environment(device: torch.device, argv: list[str], args) -> dict:
         "memory_method": (
             "torch.cuda.max_memory_allocated" if device.type == "cuda"
             else "RSS sampled every ~2 ms after trimming the heap (approximate)"
-        ) + f", during {args.memory_steps} separate untimed step(s) after the timed ones",
+        ) + f", peak over {args.memory_steps} untimed first step(s) (they include a subspace fit)",
     }  # fmt: skip
     if device.type == "cuda":
         env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
@@ -447,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--statistic", default="median", choices=["median", "mean"],
                    help="of the timed steps (mean over a multiple of subspace_every: amortized)")  # fmt: skip
     p.add_argument("--memory-steps", type=int, default=1,
-                   help="untimed steps per run after the timed ones, for peak memory")  # fmt: skip
+                   help="untimed first steps per run for peak memory (then >= 1 warmup step)")  # fmt: skip
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--backend", default="vmap", choices=BACKENDS, help="per-example gradients")
     p.add_argument("--backends", nargs="+", default=None, choices=BACKENDS,
@@ -457,6 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aux-size", type=int, default=2000, help="auxiliary examples (needs_aux)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="mechanism option for every mechanism declaring KEY (MECH.KEY=VALUE: MECH only)")  # fmt: skip
+    p.add_argument("--variant", action="append", default=[], metavar="MECH:KEY=VALUE,...",
+                   help="one more row of MECH with these options (on top of --set)")  # fmt: skip
     p.add_argument("--override", action="append", default=[], metavar="HYDRA_OVERRIDE",
                    help="any Hydra override for every run, e.g. optim=adam")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)

@@ -8,14 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 export DPSUB_DATA=${DPSUB_DATA:-/work/shared/data} OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 OUT=${OUT:-outputs/speed_study}
-common=(
-  dataset.train_size=10000 dataset.balanced=true model=mnist_cnn
-  mechanism=gep aux=natural aux.num_samples=500 mechanism.num_bases=100
-  privacy.epsilon=2 privacy.delta=1e-5
-  train.epochs=15 train.batch_size=250 train.eval_every=100 grads.microbatch=250
-  optim.lr=0.1 optim.momentum=0.9 optim.weight_decay=1e-4 "optim.schedule.milestones=[0.5]"
-  logger=disabled train.progress=false
-)
+common=(experiment=gep_pdp_setting logger=disabled train.progress=false)
 mkdir -p "$OUT"
 for seed in 0 1 2; do
   for ds in mnist fashion_mnist; do
