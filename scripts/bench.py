@@ -10,7 +10,10 @@ batch is given). ``nonprivate`` always runs and is the baseline of the ratios.
 
 The timed steps are *interleaved*: round r times one step of every run in turn, so
 load drift on a shared machine hits all mechanisms alike (timing them one after
-another made a 1.5x ratio read 2.1x on another day). Ratios are medians.
+another made a 1.5x ratio read 2.1x on another day). Ratios are medians, or means
+(``--statistic mean``: over a multiple of ``subspace_every`` steps, the amortized cost
+of a mechanism that refits its subspace every s steps). Pin the threads (``--threads
+1``) on a shared machine: two threads on two busy cores distort ratios (docs/speed.md).
 
 Usage::
 
@@ -20,13 +23,20 @@ Usage::
         --out results/bench/x.json --markdown results/bench/x.md
 
 ``--set KEY=VALUE`` sets ``mechanism.KEY`` for every mechanism declaring KEY, ``--set
-MECH.KEY=VALUE`` only for MECH; ``--override`` passes any Hydra override to every run.
+MECH.KEY=VALUE`` only for MECH; ``--variant MECH:KEY=VALUE,...`` adds one more row of
+MECH with those options (e.g. GEP at two subspace cadences in one interleaved run);
+``--override`` passes any Hydra override to every run.
 Mechanisms that need auxiliary data get ``aux=gaussian`` with ``--aux-size`` examples.
 
-Memory: on CUDA ``max_memory_allocated()`` during the step minus what was allocated
-just before it; on the CPU the process RSS sampled every ~2 ms by a thread during the
-step minus the RSS just before it (approximate: allocator caching blurs it). A run
-that fails (unknown option, out of memory...) becomes an error row.
+Memory is measured on separate, untimed steps before the warmup (``--memory-steps``; the
+first step of a run includes its first subspace fit):
+on CUDA ``max_memory_allocated()`` during the step minus what was allocated just
+before it; on the CPU the process RSS sampled every ~2 ms by a thread during the step
+minus the RSS just before it, after giving freed heap back to the OS (approximate:
+allocator caching blurs it). Trimming the heap makes the next step page-fault its
+memory in again, which slowed private steps more than non-private ones (vmap DP-SGD on
+ResNet-20 read 1.80x instead of 1.62x), so no timed step follows a trim. A run that
+fails (unknown option, out of memory...) becomes an error row.
 """
 
 from __future__ import annotations
@@ -199,25 +209,30 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_step(run, idx, args) -> tuple[float, float]:
-    """(milliseconds, extra MiB) of one train_step."""
+def timed_step(run, idx) -> float:
+    """Milliseconds of one train_step (nothing else runs: no heap trimming, no sampler)."""
+    sync(run.device)
+    t0 = time.perf_counter()
+    train_step(run, idx=idx)
+    sync(run.device)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def memory_step(run, idx, args) -> float:
+    """Extra MiB of one (untimed) train_step: peak minus what was held just before it."""
     device = run.device
     if device.type == "cuda":
         sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        t0 = time.perf_counter()
         train_step(run, idx=idx)
         sync(device)
-        ms = (time.perf_counter() - t0) * 1e3
-        return ms, (torch.cuda.max_memory_allocated(device) - base) / MiB
-    trim_heap()
+        return (torch.cuda.max_memory_allocated(device) - base) / MiB
+    trim_heap()  # (costs the next step page faults: never done before a timed step)
     with RssSampler(args.rss_interval) as s:
         base = s.peak
-        t0 = time.perf_counter()
         train_step(run, idx=idx)
-        ms = (time.perf_counter() - t0) * 1e3
-    return ms, max(s.peak - base, 0) / MiB
+    return max(s.peak - base, 0) / MiB
 
 
 def build(record: dict, overrides: list[str]):
@@ -236,45 +251,53 @@ def build(record: dict, overrides: list[str]):
         return None
 
 
-def bench_model(model: str, pairs, args, overrides, used) -> list[dict]:
-    """Build every run of ``model``, then time their steps interleaved."""
-    records, runs = [], []
-    for mech, backend in pairs:
-        options = mechanism_options(mech, overrides, used)
-        rec = {
-            "model": model, "in_shape": list(in_shape_of(model)), "mechanism": mech,
-            "backend": "-" if mech == "nonprivate" else backend, "batch_size": args.batch_size,
-            "microbatch": args.microbatch, "steps": args.steps, "warmup": args.warmup,
-            "noise_multiplier": 1.0, "options": options, "status": "ok", "error": None,
-        }  # fmt: skip
-        if mech in SPECS and SPECS[mech].needs_aux:
-            rec["aux_size"] = args.aux_size
-        runs.append(build(rec, run_overrides(model, mech, backend, options, args)))
-        records.append(rec)
-    times = {i: [] for i in range(len(runs))}
-    mems = {i: [] for i in range(len(runs))}
-    for r in range(args.warmup + args.steps):
+def interleave(runs, records, args, rounds: int, step_fn) -> list[list[float]]:
+    """``rounds`` rounds of one ``step_fn`` step of every healthy run in turn."""
+    out: list[list[float]] = [[] for _ in runs]
+    for _ in range(rounds):
         for i, run in enumerate(runs):
             if run is None or records[i]["status"] != "ok":
                 continue
             idx = torch.arange(args.batch_size, device=run.device)
             try:
-                ms, mib = timed_step(run, idx, args)
+                out[i].append(step_fn(run, idx))
             except Exception as e:  # noqa: BLE001
                 records[i].update(status="error", error=f"step: {type(e).__name__}: {e}")
                 log(traceback.format_exc())
-                continue
-            if r >= args.warmup:
-                times[i].append(ms)
-                mems[i].append(mib)
+    return out
+
+
+def bench_model(model: str, pairs, args, overrides, used) -> list[dict]:
+    """Build every run of ``model``; measure memory, warm up, then time, all interleaved."""
+    records, runs = [], []
+    for mech, backend, variant in pairs:
+        options = {**mechanism_options(mech, overrides, used), **variant}
+        rec = {
+            "model": model, "in_shape": list(in_shape_of(model)), "mechanism": mech,
+            "backend": "-" if mech == "nonprivate" else backend, "batch_size": args.batch_size,
+            "microbatch": args.microbatch, "steps": args.steps, "warmup": args.warmup,
+            "statistic": args.statistic, "noise_multiplier": 1.0, "options": options,
+            "status": "ok", "error": None,
+        }  # fmt: skip
+        if mech in SPECS and SPECS[mech].needs_aux:
+            rec["aux_size"] = args.aux_size
+        runs.append(build(rec, run_overrides(model, mech, backend, options, args)))
+        records.append(rec)
+    # memory first: step 0 fits every subspace mechanism's first basis; then at least one
+    # untimed step re-faults the trimmed heap before anything is timed
+    mems = interleave(runs, records, args, args.memory_steps, lambda r, i: memory_step(r, i, args))
+    settle = max(args.warmup, 1 if args.memory_steps else 0)
+    interleave(runs, records, args, settle, timed_step)
+    times = interleave(runs, records, args, args.steps, timed_step)
     for i, rec in enumerate(records):
         if rec["status"] == "ok":
             ms = times[i]
             rec.update(
                 median_ms=statistics.median(ms), mean_ms=statistics.fmean(ms), min_ms=min(ms),
-                max_ms=max(ms), step_ms=ms, peak_extra_mib=max(mems[i]),
+                max_ms=max(ms), step_ms=ms, peak_extra_mib=max(mems[i], default=None),
             )  # fmt: skip
-            log(f"  {rec['mechanism']} [{rec['backend']}]: {rec['median_ms']:.1f} ms/step")
+            rec["time_ms"] = rec[f"{args.statistic}_ms"]
+            log(f"  {rec['mechanism']} [{rec['backend']}]: {rec['time_ms']:.1f} ms/step")
     runs.clear()
     gc.collect()
     return ratios(records)
@@ -287,24 +310,35 @@ def ratios(records: list[dict]) -> list[dict]:
     for r in records:
         r["time_ratio"] = r["mem_ratio"] = None
         if base is not None and r["status"] == "ok":
-            r["time_ratio"] = r["median_ms"] / base["median_ms"]
-            if base["peak_extra_mib"] > 0:
+            r["time_ratio"] = r["time_ms"] / base["time_ms"]
+            if r["peak_extra_mib"] is not None and base["peak_extra_mib"]:
                 r["mem_ratio"] = r["peak_extra_mib"] / base["peak_extra_mib"]
     return records
 
 
-def plan(args) -> list[tuple[str, str]]:
-    """(mechanism, backend) pairs, nonprivate first."""
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """``MECH:KEY=VALUE,KEY=VALUE`` -> (MECH, {KEY: value}) (values YAML-typed)."""
+    mech, sep, rest = text.partition(":")
+    if not sep or not mech or "=" not in rest:
+        raise SystemExit(f"--variant expects MECH:KEY=VALUE[,KEY=VALUE...], got {text!r}")
+    return mech, {k: v for _, k, v in parse_overrides(rest.split(","))}
+
+
+def plan(args) -> list[tuple[str, str, dict[str, Any]]]:
+    """(mechanism, backend, variant options) rows, nonprivate first, then --variant rows."""
     names = args.mechanisms or sorted(SPECS)
     names = ["nonprivate"] + [n for n in dict.fromkeys(names) if n != "nonprivate"]
     backends = args.backends or [args.backend]
-    pairs = []
+    rows = []
     for name in names:
         if name != "nonprivate" and ("all" in args.backends_for or name in args.backends_for):
-            pairs.extend((name, b) for b in backends)
+            rows.extend((name, b, {}) for b in backends)
         else:
-            pairs.append((name, args.backend))
-    return pairs
+            rows.append((name, args.backend, {}))
+    for text in args.variant:
+        mech, options = parse_variant(text)
+        rows.append((mech, args.backend, options))
+    return rows
 
 
 # --------------------------------------------------------------------- env
@@ -333,16 +367,18 @@ def git_commit() -> str | None:
     )
 
 
-def environment(device: torch.device, argv: list[str]) -> dict:
+def environment(device: torch.device, argv: list[str], args) -> dict:
     env = {
         "device": str(device), "device_name": device_name(device), "torch": torch.__version__,
         "python": platform.python_version(), "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(["python", *argv]), "git": git_commit(),
-        "timing": "median over interleaved steps (round-robin over the runs)",
-        "memory_method": "torch.cuda.max_memory_allocated during each step"
-        if device.type == "cuda" else "RSS sampled every ~2 ms during each step (approximate)",
+        "timing": f"{args.statistic} over interleaved steps (round-robin over the runs)",
+        "memory_method": (
+            "torch.cuda.max_memory_allocated" if device.type == "cuda"
+            else "RSS sampled every ~2 ms after trimming the heap (approximate)"
+        ) + f", peak over {args.memory_steps} untimed first step(s) (they include a subspace fit)",
     }  # fmt: skip
     if device.type == "cuda":
         env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
@@ -371,7 +407,7 @@ def markdown(records: list[dict], env: dict) -> str:
         r0 = next((r for r in rows if "params" in r), rows[0])
         lines += [
             f"## {model} ({r0.get('params', 0):,} params, input {'x'.join(map(str, r0['in_shape']))}), "
-            f"batch {r0['batch_size']}, microbatch {r0['microbatch']}, median of {r0['steps']} "
+            f"batch {r0['batch_size']}, microbatch {r0['microbatch']}, {r0['statistic']} of {r0['steps']} "
             f"interleaved steps after {r0['warmup']} warmup", "",
             "| mechanism | backend | options | ms/step | time vs nonprivate | peak extra MiB | memory vs nonprivate |",
             "|---|---|---|---:|---:|---:|---:|",
@@ -383,7 +419,7 @@ def markdown(records: list[dict], env: dict) -> str:
                 lines.append(f"| {r['mechanism']} | {r['backend']} | {opts} | error: {err} | | | |")
                 continue
             lines.append(
-                f"| {r['mechanism']} | {r['backend']} | {opts} | {_fmt(r['median_ms'], '.1f')} "
+                f"| {r['mechanism']} | {r['backend']} | {opts} | {_fmt(r['time_ms'], '.1f')} "
                 f"| {_fmt(r['time_ratio'], '.2f', 'x')} | {_fmt(r['peak_extra_mib'], '.1f')} "
                 f"| {_fmt(r['mem_ratio'], '.2f', 'x')} |"
             )
@@ -425,6 +461,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatch", type=int, default=None, help="default: the batch size")
     p.add_argument("--steps", type=int, default=10, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per run first")
+    p.add_argument("--statistic", default="median", choices=["median", "mean"],
+                   help="of the timed steps (mean over a multiple of subspace_every: amortized)")  # fmt: skip
+    p.add_argument("--memory-steps", type=int, default=1,
+                   help="untimed first steps per run for peak memory (then >= 1 warmup step)")  # fmt: skip
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--backend", default="vmap", choices=BACKENDS, help="per-example gradients")
     p.add_argument("--backends", nargs="+", default=None, choices=BACKENDS,
@@ -434,6 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aux-size", type=int, default=2000, help="auxiliary examples (needs_aux)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="mechanism option for every mechanism declaring KEY (MECH.KEY=VALUE: MECH only)")  # fmt: skip
+    p.add_argument("--variant", action="append", default=[], metavar="MECH:KEY=VALUE,...",
+                   help="one more row of MECH with these options (on top of --set)")  # fmt: skip
     p.add_argument("--override", action="append", default=[], metavar="HYDRA_OVERRIDE",
                    help="any Hydra override for every run, e.g. optim=adam")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
@@ -448,8 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    if args.batch_size < 1 or args.steps < 1 or args.warmup < 0:
-        raise SystemExit("need --batch-size >= 1, --steps >= 1, --warmup >= 0")
+    if args.batch_size < 1 or args.steps < 1 or args.warmup < 0 or args.memory_steps < 0:
+        raise SystemExit("need --batch-size >= 1, --steps >= 1, --warmup >= 0, --memory-steps >= 0")
     args.microbatch = args.microbatch or args.batch_size
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -459,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     prog = sys.argv[0] if sys.argv[0].endswith("bench.py") else str(Path(__file__))
-    env = environment(device, [os.path.relpath(prog), *argv])
+    env = environment(device, [os.path.relpath(prog), *argv], args)
     overrides, used = parse_overrides(args.set), set()
     records = []
     for model in args.models:

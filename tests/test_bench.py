@@ -128,3 +128,45 @@ def test_needs_aux_mechanism_gets_aux_data(bench, tmp_path):
     finally:
         SPECS.pop("auxprobe")
         MECHANISMS.pop("auxprobe")
+
+
+def test_no_timed_step_follows_a_heap_trim_and_means_are_amortized(bench, tmp_path, monkeypatch):
+    """Trimming the heap (for CPU memory) makes the next step page-fault: memory is measured
+    on separate first steps, and an untimed step follows; --statistic mean gives the ratios."""
+    events = []
+    monkeypatch.setattr(bench, "trim_heap", lambda: events.append("trim"))
+    real = bench.train_step
+    monkeypatch.setattr(
+        bench, "train_step", lambda run, idx: events.append("step") or real(run, idx=idx)
+    )
+    out = tmp_path / "m.json"
+    argv = [
+        "--models", "mnist_cnn", "--mechanisms", "dpsgd", "--batch-size", "8", "--steps", "3",
+        "--warmup", "0", "--memory-steps", "1", "--statistic", "mean", "--device", "cpu",
+        "--out", str(out),
+    ]  # fmt: skip
+    assert bench.main(argv) == 0
+    # per run: trim, memory step; then 2 runs x (1 settling step + 3 timed steps)
+    assert events == ["trim", "step"] * 2 + ["step"] * 8
+    for r in json.loads(out.read_text()):
+        assert r["time_ms"] == r["mean_ms"] and len(r["step_ms"]) == 3
+        assert r["peak_extra_mib"] >= 0 and r["statistic"] == "mean"
+
+
+def test_variants_add_rows_with_their_own_options(bench, tmp_path):
+    out = tmp_path / "v.json"
+    argv = [
+        "--models", "mnist_cnn", "--mechanisms", "dpsgd", "--batch-size", "8", "--steps", "1",
+        "--warmup", "0", "--device", "cpu", "--set", "clip=0.5", "--variant", "dpsgd:clip=2",
+        "--out", str(out),
+    ]  # fmt: skip
+    assert bench.main(argv) == 0
+    recs = json.loads(out.read_text())
+    assert [(r["mechanism"], r["options"]) for r in recs] == [
+        ("nonprivate", {}),
+        ("dpsgd", {"clip": 0.5}),
+        ("dpsgd", {"clip": 2}),
+    ]
+    assert all(r["status"] == "ok" for r in recs)
+    with pytest.raises(SystemExit, match="variant"):
+        bench.parse_variant("dpsgd")

@@ -1,6 +1,14 @@
 """Per-example gradients (vectorized), clipping, and the flat layout they use."""
 
-from dpsub.grads.clip import ClippedAccumulator, ClipStats, clip_rows, clipped_sum, finite_rows
+from dpsub.grads.clip import (
+    ClippedAccumulator,
+    ClippedResidualSum,
+    ClipStats,
+    clip_rows,
+    clipped_sum,
+    finite_norms,
+    finite_rows,
+)
 from dpsub.grads.engine import (
     BACKENDS,
     BatchStats,
@@ -18,6 +26,7 @@ __all__ = [
     "Chunk",
     "ClipStats",
     "ClippedAccumulator",
+    "ClippedResidualSum",
     "ClippedSum",
     "GradEngine",
     "GradTarget",
@@ -25,5 +34,6 @@ __all__ = [
     "check_private_model",
     "clip_rows",
     "clipped_sum",
+    "finite_norms",
     "finite_rows",
 ]

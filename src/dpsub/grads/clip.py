@@ -28,14 +28,28 @@ def clip_factors(norms: Tensor, bound: float) -> Tensor:
     return torch.where(torch.isfinite(norms), factor, torch.zeros_like(factor))
 
 
+def finite_norms(g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(g, norms, ok)``: row norms, with the rows holding a non-finite entry zeroed.
+
+    One pass over ``g`` when every row is finite (the usual case: a non-finite entry
+    makes its row's norm non-finite); only then is the exact mask computed and ``g``
+    copied. A finite row whose norm overflows keeps ok = True and norm inf (clip factor 0).
+    """
+    norms = g.norm(dim=1)
+    finite = torch.isfinite(norms)
+    if bool(finite.all()):
+        return g, norms, finite
+    ok = finite_rows(g)
+    g = torch.where(ok[:, None], g, torch.zeros_like(g))
+    return g, g.norm(dim=1), ok
+
+
 def clip_rows(g: Tensor, bound: float) -> tuple[Tensor, Tensor]:
     """Scale every row of ``g`` to L2 norm at most ``bound`` (non-finite rows -> 0).
 
     Returns the clipped rows and the boolean mask of rows that were scaled down.
     """
-    ok = finite_rows(g)
-    g = torch.where(ok[:, None], g, torch.zeros_like(g))
-    norms = g.norm(dim=1)
+    g, norms, _ = finite_norms(g)
     return g * clip_factors(norms, bound)[:, None], norms > bound
 
 
@@ -54,10 +68,11 @@ class ClipStats:
 
 
 def clipped_sum(g: Tensor, bound: float) -> tuple[Sensitive, ClipStats]:
-    """``sum_i min(1, C / ||g_i||) g_i`` over the finite rows, with sensitivity C."""
-    ok = finite_rows(g)
-    g = torch.where(ok[:, None], g, torch.zeros_like(g))
-    norms = g.norm(dim=1)
+    """``sum_i min(1, C / ||g_i||) g_i`` over the finite rows, with sensitivity C.
+
+    Two passes over ``g`` (norms, then one vector-matrix product) and no (b, p) temporary.
+    """
+    g, norms, ok = finite_norms(g)
     total = clip_factors(norms, bound) @ g
     stats = ClipStats(int(g.shape[0]), int((norms > bound).sum()), int((~ok).sum()))
     return Sensitive(total, float(bound)), stats
@@ -97,3 +112,39 @@ class ClippedAccumulator:
         if name not in self._sums:  # an empty Poisson batch: the sum is zero
             return Sensitive(torch.zeros(dim, device=device), float(bound))
         return self._sums[name]
+
+
+class ClippedResidualSum:
+    """``sum_i min(1, C / ||r_i||) r_i`` for ``r_i = g_i - lift(w_i)``, without forming r_i.
+
+    Book-keeping (GEP's residual, ``lift`` linear): the clipped sum equals
+    ``c^T G - lift(c^T W)`` with ``c_i = min(1, C / ||r_i||)``, so a batch costs one
+    vector-matrix product over G instead of the (b, k) x (k, p) product and the (b, p)
+    copy that forming the residual rows costs.
+
+    The sensitivity C rests on ``norms``: they must be *upper bounds* of ``||r_i||``
+    (``GroupedBasis.residual_norms`` gives them, with a margin for rounding); a norm that
+    is too small would let an example contribute more than C. Rows of ``G`` and ``W``
+    must be finite (zero the non-finite examples first, see :func:`finite_norms`).
+    """
+
+    def __init__(self, bound: float) -> None:
+        self.bound = float(bound)
+        self.stats = ClipStats()
+        self._g: Tensor | None = None
+        self._w: Tensor | None = None
+
+    def add(self, G: Tensor, W: Tensor, norms: Tensor, nonfinite: int = 0) -> None:
+        """One micro-batch: rows ``G`` (b, p), their embeddings ``W`` (b, k), bounds (b,)."""
+        c = clip_factors(norms, self.bound).to(G.dtype)
+        g, w = c @ G, c.to(W.dtype) @ W
+        self._g = g if self._g is None else self._g + g
+        self._w = w if self._w is None else self._w + w
+        st = ClipStats(int(G.shape[0]), int((norms > self.bound).sum()), int(nonfinite))
+        self.stats = self.stats.add(st)
+
+    def sum(self, lift, dim: int, device) -> Sensitive:
+        """The batch's clipped sum ``c^T G - lift(c^T W)`` (zero for an empty batch)."""
+        if self._g is None:
+            return Sensitive(torch.zeros(dim, device=device), self.bound)
+        return Sensitive(self._g - lift(self._w), self.bound)

@@ -19,7 +19,9 @@ Backends: ``vmap`` (``torch.func.vmap(grad(...))``, any target), ``opacus``
 (Opacus' ``GradSampleModule`` hooks, the model's own parameters only) and ``ghost``
 (:class:`~dpsub.grads.ghost.GhostClipper`: book-keeping ghost clipping computes
 :meth:`GradEngine.clipped_sum` from one forward and one backward without materializing
-per-example gradients; :meth:`GradEngine.per_example` then uses ``vmap``).
+per-example gradients; its :meth:`GradEngine.per_example` rows are materialized layer by
+layer from the same one forward and one backward, for the model's own parameters, and
+with ``vmap`` for any other target).
 """
 
 from __future__ import annotations
@@ -145,14 +147,16 @@ class GradEngine:
         target = target or self.target
         for start in range(0, x.shape[0], self.microbatch):
             xb, yb = x[start : start + self.microbatch], y[start : start + self.microbatch]
-            if self.backend == "opacus":  # (ghost materializes per-example rows with vmap)
+            if self.backend == "opacus":
                 if target is not self.target:
                     raise ValueError(
                         "grads.backend=opacus differentiates the model's own parameters only; "
                         "this mechanism needs grads.backend=vmap"
                     )
                 yield self._opacus_chunk(xb, yb)
-            else:
+            elif self.backend == "ghost" and target is self.target:
+                yield Chunk(*next(self._ghost_clipper().per_example(xb, yb)))
+            else:  # (ghost with another target: vmap)
                 yield self._vmap_chunk(xb, yb, target)
 
     def _vmap_chunk(self, x, y, target: GradTarget) -> Chunk:
@@ -214,12 +218,15 @@ class GradEngine:
         stats.clip = acc.stats.get("grad", ClipStats())
         return ClippedSum(acc.sum("grad", clip, target.layout.dim, x.device), stats)
 
-    def _ghost_clipped_sum(self, x: Tensor, y: Tensor, clip: float) -> ClippedSum:
+    def _ghost_clipper(self):
         from dpsub.grads.ghost import GhostClipper
 
         if self._ghost is None:
             self._ghost = GhostClipper(self.model, microbatch=self.microbatch)
-        r = self._ghost.clipped_sum(x, y, clip)
+        return self._ghost
+
+    def _ghost_clipped_sum(self, x: Tensor, y: Tensor, clip: float) -> ClippedSum:
+        r = self._ghost_clipper().clipped_sum(x, y, clip)
         stats = BatchStats()
         stats.add(r.loss, r.correct)
         stats.clip = ClipStats(int(x.shape[0]), int((r.norms > clip).sum()), int(r.nonfinite.sum()))

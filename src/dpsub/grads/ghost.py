@@ -60,7 +60,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -528,6 +528,43 @@ class GhostClipper:
             empty = x.new_zeros(0)
             return GhostResult(grad_sum, empty, empty, empty.bool(), empty.bool())
         return GhostResult(grad_sum, *(torch.cat(c) for c in zip(*parts, strict=True)))
+
+    def per_example(self, x: Tensor, y: Tensor) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        """``(G, loss, correct)`` per micro-batch: the flat per-example gradients (b, p) in
+        ``ParamLayout.of(model)`` order, from one forward and one backward (no vmap).
+
+        Every layer is materialized (:func:`_per_example` for Linear/Conv2d weights, the
+        closed forms of biases and norms, vmap of vjp for fallback modules); unused
+        parameters get zero rows. Rows are not clipped or cleaned (GEP projects them).
+        """
+        layout = ParamLayout.of(self.model)
+        layers = _layers(self.model)
+        for s in range(0, x.shape[0], self.microbatch):
+            yield self._rows(layers, layout, x[s : s + self.microbatch], y[s : s + self.microbatch])
+
+    @torch.no_grad()
+    def _rows(self, layers, layout: ParamLayout, x: Tensor, y: Tensor):
+        """One micro-batch of :meth:`per_example`."""
+        loss, logits = self._forward(layers, x, y)
+        b = x.shape[0]
+        chunk = _Chunk(b, loss.new_zeros(b), keep_left=1 << 62)
+        for lay in layers:
+            _check_batched(lay, b)
+            if lay.kind in ("linear", "conv"):
+                _matmul_layer(lay, chunk, "materialize")
+            elif lay.kind == "norm":
+                _norm_layer(lay, chunk)
+            else:
+                _fallback_layer(lay, chunk)
+            lay.calls = []
+        G = loss.new_empty(b, layout.dim)
+        for name, off, n in zip(layout.names, layout.offsets, layout.numels, strict=True):
+            rows = chunk.mat.get(name)
+            if rows is None:  # a parameter the forward did not use
+                G.narrow(1, off, n).zero_()
+            else:
+                G.narrow(1, off, n).copy_(rows.reshape(b, n))
+        return G, loss, logits.argmax(1) == y
 
     @torch.enable_grad()
     def _forward(self, layers: list[_Layer], x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:

@@ -20,23 +20,37 @@ doubles the RDP of a multiplier-z mechanism; we do not.)
 
 B-GEP releases only the embedding, one record (S1, s1 = z * S1); its update
 ``B^T w~ / B_expected`` is biased by the residual.
+
+Cost (``docs/speed.md``). The paper recomputes the subspace at every step from a fresh
+random start; ``subspace_every`` reuses it for N steps and ``warm_start`` starts each
+recomputation from the previous basis (subspace tracking: t iterations per update
+accumulate across updates), with a fresh start every ``refresh_every`` steps. The
+anchor gradients are streamed through the power step (never stacked into m x p for
+t = 1). ``residual=bookkeeping`` clips the residual without forming it:
+``||r_i||^2 = ||g_i||^2 - ||w_i||^2`` (bounded from above with a margin for rounding,
+:meth:`~dpsub.subspace.GroupedBasis.residual_norms`) and
+``sum_i c_i r_i = sum_i c_i g_i - B^T sum_i c_i w_i``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import nullcontext
 
 import torch
 
-from dpsub.grads import BatchStats, ClippedAccumulator
+from dpsub.grads import BatchStats, ClippedAccumulator, ClippedResidualSum, ClipStats, finite_norms
 from dpsub.mechanisms.base import Mechanism, StepContext, StepResult, register
 from dpsub.subspace import (
     GroupedBasis,
-    fit_grouped_basis,
+    GroupedPowerStep,
     group_parameters,
+    grouped_quota,
+    random_starts,
     resolve_dtype,
     stable_rank,
+    warm_starts,
 )
 
 
@@ -47,7 +61,8 @@ class GEP(Mechanism):
     def __init__(self, **options):
         super().__init__(**options)
         self.basis: GroupedBasis | None = None
-        self._basis_step = -1
+        self._basis_step = -1  # step of the last fit
+        self._fresh_step = -1  # step of the last fit from a random start
 
     # ------------------------------------------------------------ privacy
     def noise_stds(self, z: float) -> tuple[float, float]:
@@ -72,32 +87,67 @@ class GEP(Mechanism):
                 "aux.num_samples"
             )
 
-    def anchor_gradients(self, generator: torch.Generator) -> torch.Tensor:
-        """G_a (m x p): per-example gradients of the auxiliary examples."""
-        labels = self.aux.batch_labels(generator)
-        return self.engine.public_gradients(self.aux.x, labels)
+    def anchor_chunks(self, generator: torch.Generator) -> Iterator[torch.Tensor]:
+        """Micro-batches of G_a: per-example gradients of the auxiliary examples.
 
-    def fit_subspace(self, generator: torch.Generator) -> GroupedBasis:
-        Ga = self.anchor_gradients(generator)
-        precision = self.opts.precision
-        ctx = _allow_tf32() if precision == "tf32" and Ga.is_cuda else nullcontext()
-        dtype = torch.float32 if precision in ("fp32", "tf32") else resolve_dtype(precision)
-        with ctx:
-            basis = fit_grouped_basis(
-                Ga,
-                self.groups,
-                self.opts.num_bases,
-                iters=self.opts.power_iters,
-                generator=generator,
-                compute_dtype=dtype,
-            )
+        With ``anchor_precision=bf16`` the forward and backward passes run under autocast
+        (only inside the engine: the consumer's code between chunks is not autocast).
+        """
+        labels = self.aux.batch_labels(generator)
+        low = self.opts.anchor_precision == "bf16"
+        autocast = torch.autocast(self.aux.x.device.type, torch.bfloat16) if low else nullcontext()
+        if self.engine.dist is not None and self.engine.dist.active:  # split across ranks
+            with autocast:
+                yield self.engine.public_gradients(self.aux.x, labels)
+            return
+        chunks = self.engine.per_example(self.aux.x, labels)
+        while True:
+            with autocast:
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
+            yield chunk.grads
+
+    def fit_subspace(
+        self, generator: torch.Generator, start: GroupedBasis | None = None
+    ) -> GroupedBasis:
+        """The anchor subspace: ``power_iters`` power steps from ``start`` (or random starts).
+
+        For t = 1 the anchor gradients are streamed through the power step (never m x p).
+        """
+        o = self.opts
+        chunks = self.anchor_chunks(generator)  # draws the labels first
+        device = self.aux.x.device
+        quota = grouped_quota(self.groups, o.num_bases, len(self.aux))
+        if start is None:
+            starts = random_starts(self.groups, quota, generator, device)
+        else:
+            starts = warm_starts(start, self.groups, quota, device)
+        if o.power_iters > 1:
+            chunks = list(chunks)
+        tf32 = o.precision == "tf32" and device.type == "cuda"
+        dtype = torch.float32 if o.precision in ("fp32", "tf32") else resolve_dtype(o.precision)
+        with _allow_tf32() if tf32 else nullcontext():
+            for _ in range(o.power_iters):
+                step = GroupedPowerStep(self.groups, starts, self.engine.dim, dtype)
+                for G in chunks:
+                    step.add(G)
+                basis = step.finish()
+                starts = basis.bases
         self.engine.broadcast_(basis.bases)  # ranks: exactly rank 0's basis
         return basis
 
     def current_basis(self, ctx: StepContext) -> GroupedBasis:
-        if self.basis is None or ctx.step - self._basis_step >= self.opts.subspace_every:
-            self.basis = self.fit_subspace(ctx.rng)
-            self._basis_step = ctx.step
+        """Refit every ``subspace_every`` steps; warm-started unless a refresh is due."""
+        o = self.opts
+        if self.basis is not None and ctx.step - self._basis_step < o.subspace_every:
+            return self.basis
+        refresh = o.refresh_every and ctx.step - self._fresh_step >= o.refresh_every
+        warm = o.warm_start and self.basis is not None and not refresh
+        self.basis = self.fit_subspace(ctx.rng, start=self.basis if warm else None)
+        self._basis_step = ctx.step
+        if not warm:
+            self._fresh_step = ctx.step
         return self.basis
 
     # ---------------------------------------------------------------- step
@@ -106,34 +156,49 @@ class GEP(Mechanism):
         o = self.opts
         every = o.diagnostics_every
         diag = ctx.diagnostics and bool(every) and ctx.step % every == 0
-        acc, stats = ClippedAccumulator(), BatchStats()
+        book = self.release_residual and o.residual == "bookkeeping"
+        acc, stats, nonfinite = ClippedAccumulator(), BatchStats(), 0
+        res = ClippedResidualSum(o.clip_residual) if book else None
         g_sum = torch.zeros(basis.dim, device=x.device) if diag else None
         res_sum = torch.zeros(basis.dim, device=x.device) if diag else None
         private: dict[str, float] = {}
         for i, chunk in enumerate(self.engine.per_example(x, y)):
-            G = chunk.grads
+            G, norms, ok = finite_norms(chunk.grads)  # non-finite examples -> 0 (counted)
+            bad = int((~ok).sum())
+            nonfinite += bad
             W = basis.embed(G)
-            R = basis.residual(G, W)  # from the unclipped embedding
             acc.add("embedding", W, o.clip_embedding)
-            if self.release_residual:
-                acc.add("residual", R, o.clip_residual)
+            R = None
+            if book:
+                res.add(G, W, basis.residual_norms(norms, W), bad)
+            elif self.release_residual or diag:
+                R = basis.residual(G, W)  # from the unclipped embedding
+                if self.release_residual:
+                    acc.add("residual", R, o.clip_residual)
             stats.add(chunk.loss, chunk.correct)
             if diag:
                 g_sum += G.sum(0)
-                res_sum += R.sum(0)
+                res_sum += R.sum(0) if R is not None else G.sum(0) - basis.reconstruct(W.sum(0))
                 if i == 0:  # stable ranks of the first micro-batch (GEP Figure 5)
                     private["stable_rank_grad"] = stable_rank(G)
-                    private["stable_rank_residual"] = stable_rank(R)
+                    private["stable_rank_residual"] = stable_rank(
+                        R if R is not None else basis.residual(G, W)
+                    )
 
         s1, s2 = self.noise_stds(ctx.z)
         w_sum = acc.sum("embedding", o.clip_embedding, basis.k, x.device)
         update = basis.reconstruct(ctx.noise.gaussian(w_sum, s1, "embedding"))
         metrics = {"noise_std_embedding": s1}
         if self.release_residual:
-            r_sum = acc.sum("residual", o.clip_residual, basis.dim, x.device)
+            if book:
+                r_sum = res.sum(basis.reconstruct, basis.dim, x.device)
+                acc.stats["residual"] = res.stats
+            else:
+                r_sum = acc.sum("residual", o.clip_residual, basis.dim, x.device)
             update = update + ctx.noise.gaussian(r_sum, s2, "residual")
             metrics["noise_std_residual"] = s2
-        stats.clip = acc.stats.get("embedding", stats.clip)
+        emb = acc.stats.get("embedding", ClipStats())
+        stats.clip = ClipStats(emb.n, emb.clipped, nonfinite)
         n = max(stats.clip.n, 1)
         for name, st in acc.stats.items():
             private[f"clip_fraction_{name}"] = st.clipped / n
@@ -152,6 +217,7 @@ class GEP(Mechanism):
         return {
             "basis": None if self.basis is None else self.basis.state_dict(),
             "basis_step": self._basis_step,
+            "fresh_step": self._fresh_step,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -159,6 +225,7 @@ class GEP(Mechanism):
         device = self.aux.x.device if self.aux is not None else None
         self.basis = None if b is None else GroupedBasis.from_state_dict(b, device=device)
         self._basis_step = int(state.get("basis_step", -1))
+        self._fresh_step = int(state.get("fresh_step", self._basis_step))
 
 
 @register("bgep")

@@ -109,6 +109,8 @@ class DPSGDOptions:
 
 GROUPINGS = ("stages", "chunks", "tensors", "flat")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+ANCHOR_PRECISIONS = ("fp32", "bf16")
+RESIDUALS = ("bookkeeping", "materialize")
 
 
 @declare("bgep", needs_aux=True)
@@ -123,6 +125,18 @@ class BGEPOptions:
     num_groups: int = opt(3, ge=1, help="groups of grouping=chunks (official code: 3)")
     precision: str = opt("fp32", choices=PRECISIONS, help="power-iteration matmul precision")
     subspace_every: int = opt(1, ge=1, help="recompute the anchor subspace every N steps")
+    warm_start: bool = opt(
+        False, help="start each recomputation from the previous basis (tracking; paper: random)"
+    )
+    refresh_every: int = opt(
+        0, ge=0, help="with warm_start: a random start every N steps (0: never)"
+    )
+    anchor_precision: str = opt(
+        "fp32", choices=ANCHOR_PRECISIONS, help="anchor gradients: fp32 | bf16 (autocast)"
+    )
+    diagnostics_every: int = opt(
+        50, ge=0, help="steps between private diagnostics (privacy.private_diagnostics only)"
+    )
 
 
 @declare("gep", needs_aux=True)
@@ -131,6 +145,9 @@ class GEPOptions(BGEPOptions):
     """GEP: noisy embedding (std z sqrt2 S1) and noisy residual (std z sqrt2 S2)."""
 
     clip_residual: float = opt(2.0, gt=0, help="S2")
+    residual: str = opt(
+        "bookkeeping", choices=RESIDUALS, help="clip r_i from ||g||^2 - ||w||^2 | form R = G - W B"
+    )
 
 
 # ----------------------------------------------------------- PDP-SGD, RPDP-SGD

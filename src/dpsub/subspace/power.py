@@ -33,13 +33,22 @@ from torch import Tensor
 from .grouping import Group, split_quota
 
 __all__ = [
+    "RESIDUAL_SLACK",
     "GroupedBasis",
+    "GroupedPowerStep",
+    "PowerStep",
     "fit_grouped_basis",
+    "grouped_quota",
     "orthonormal_random_basis",
     "power_iteration",
+    "random_starts",
     "resolve_dtype",
     "top_eigvecs_from_gram",
+    "warm_starts",
 ]
+
+#: Relative margin of :meth:`GroupedBasis.residual_norms` (book-keeping residual norms).
+RESIDUAL_SLACK = 1e-4
 
 _DTYPES = {
     "float32": torch.float32,
@@ -78,17 +87,68 @@ def _qr_rows(B: Tensor) -> Tensor:
     return q.T.contiguous()
 
 
-def _cast_scaled(Ga: Tensor, dtype: torch.dtype) -> Tensor:
-    """``Ga / max|Ga|`` cast to a low-precision ``dtype`` without an fp32 temporary.
+def _cast_scaled(Ga: Tensor, dtype: torch.dtype) -> tuple[Tensor, float]:
+    """``(Ga * s, s)`` with ``s = 1 / max|Ga|``, cast to a low-precision ``dtype`` without an
+    fp32 temporary.
 
-    The scale does not change the row space; it keeps float16 from underflowing on
-    small gradient entries (bfloat16 has float32's range, the scale is harmless there).
+    The scale keeps float16 from underflowing on small gradient entries (bfloat16 has
+    float32's range, the scale is harmless there); :class:`PowerStep` undoes it exactly.
     """
-    amax = Ga.abs().max()
-    inv = 1.0 / float(amax) if float(amax) > 0 else 1.0
+    amax = float(Ga.abs().max()) if Ga.numel() else 0.0
+    inv = 1.0 / amax if amax > 0 else 1.0
     out = torch.empty(Ga.shape, dtype=dtype, device=Ga.device)
     torch.mul(Ga, inv, out=out)
-    return out
+    return out, inv
+
+
+class PowerStep:
+    """One step of subspace iteration, ``B' = orth((Ga B^T)^T Ga)``, streamed over row chunks.
+
+    GEP Algorithm 1, lines 4-6, with the anchor gradients ``Ga`` given in chunks of rows
+    (micro-batches): ``A^T Ga = sum_c A_c^T Ga_c`` with ``A_c = Ga_c B^T``, so the m x d
+    anchor matrix is never formed; :meth:`add` each chunk, then :meth:`finish`.
+
+    The two matmuls run in ``compute_dtype``. For bfloat16 / float16 each chunk is scaled
+    by ``s = 1/max|Ga_c|`` and ``A_c`` by ``a = 1/max|A_c|`` (float16's range); the chunk's
+    contribution is accumulated in float32 divided by ``a s^2``, so chunks keep their
+    relative weights. The accumulator and QR are float32 (float64 for a float64 start).
+    """
+
+    def __init__(self, start: Tensor, compute_dtype: torch.dtype | str = torch.float32) -> None:
+        if start.dim() != 2:
+            raise ValueError(f"start must be a (k, d) matrix, got shape {tuple(start.shape)}")
+        self.compute_dtype = resolve_dtype(compute_dtype)
+        self.low = self.compute_dtype in (torch.float16, torch.bfloat16)
+        acc_dtype = torch.float64 if start.dtype == torch.float64 else torch.float32
+        self._B = start.to(self.compute_dtype if self.low else acc_dtype)
+        self._acc = torch.zeros(start.shape, dtype=acc_dtype, device=start.device)
+        self.rows = 0
+
+    def add(self, chunk: Tensor) -> None:
+        """Accumulate ``A_c^T Ga_c`` of a chunk (n, d) of anchor gradients."""
+        if chunk.shape[-1] != self._acc.shape[1]:
+            raise ValueError(f"expected chunks (n, {self._acc.shape[1]}), got {tuple(chunk.shape)}")
+        self.rows += int(chunk.shape[0])
+        if not self.low:
+            Gc = chunk if chunk.dtype == self._acc.dtype else chunk.to(self._acc.dtype)
+            self._acc.addmm_((Gc @ self._B.T).T, Gc)
+            return
+        Gc, s = _cast_scaled(chunk, self.compute_dtype)
+        A = Gc @ self._B.T  # (n, k)
+        amax = float(A.abs().max().float()) if A.numel() else 0.0
+        a = 1.0 / amax if amax > 0 else 1.0
+        A = A * a
+        self._acc.add_((A.T @ Gc).to(self._acc.dtype), alpha=1.0 / (a * s * s))
+
+    @property
+    def k(self) -> int:
+        return int(self._acc.shape[0])
+
+    def finish(self) -> Tensor:
+        """The new basis: the accumulated ``A^T Ga`` with its rows orthonormalized by QR."""
+        if self._acc.shape[0] == 0:
+            return self._acc
+        return _qr_rows(self._acc)
 
 
 def power_iteration(
@@ -97,6 +157,7 @@ def power_iteration(
     iters: int = 1,
     generator: torch.Generator | None = None,
     compute_dtype: torch.dtype | str = torch.float32,
+    start: Tensor | None = None,
 ) -> Tensor:
     """Top-k right singular subspace of ``Ga`` (m x d) by the power method.
 
@@ -105,19 +166,21 @@ def power_iteration(
     rows of ``B`` by QR (``Q, _ = qr(B^T)``, ``B = Q^T``).  One iteration is one step of
     subspace iteration on ``Ga^T Ga``; directions are amplified by sigma_i^2.
 
-    The two matmuls run in ``compute_dtype`` (float32; bfloat16 or float16 for speed on a
-    GPU, at an accuracy cost measured in ``tests/test_subspace.py``); for low precision
-    ``Ga`` is rescaled by ``1/max|Ga|`` and the columns of ``A`` are normalized (neither
-    changes the span) to stay inside the float16 range.  QR always runs in float32
-    (float64 if ``Ga`` is float64).
+    ``start`` (k x d) replaces the random start: tracking a slowly moving subspace from
+    the previous basis (a warm start) continues the iteration where it stopped.
+
+    The two matmuls run in ``compute_dtype`` (float32; bfloat16 or float16 for speed, at
+    an accuracy cost measured in ``tests/test_subspace.py``); see :class:`PowerStep`.
+    QR always runs in float32 (float64 if ``Ga`` is float64).
 
     Args:
         Ga: anchor gradients, one per row.
         k: number of basis vectors, ``1 <= k <= min(m, d)``.
         iters: number of power iterations t >= 1 (GEP uses t = 1).
         generator: source of the random start (any device; the start is moved to
-            ``Ga.device``).
+            ``Ga.device``); unused with ``start``.
         compute_dtype: dtype of the matmuls (a ``torch.dtype`` or a name such as ``"bf16"``).
+        start: optional (k x d) starting basis.
 
     Returns:
         ``B`` (k x d) with orthonormal rows, float32 (float64 for a float64 ``Ga``), on
@@ -132,21 +195,17 @@ def power_iteration(
         raise ValueError(f"power_iteration needs 1 <= k <= min(m, d) = min({m}, {d}); got k = {k}")
     if int(iters) < 1:
         raise ValueError(f"iters must be >= 1, got {iters}")
-    compute_dtype = resolve_dtype(compute_dtype)
     qr_dtype = torch.float64 if Ga.dtype == torch.float64 else torch.float32
-    low = compute_dtype in (torch.float16, torch.bfloat16)
-    if low:
-        Gc = _cast_scaled(Ga, compute_dtype)
+    if start is None:
+        B = _randn((k, d), generator, Ga.device, dtype=qr_dtype)
+    elif tuple(start.shape) != (k, d):
+        raise ValueError(f"start must have shape ({k}, {d}), got {tuple(start.shape)}")
     else:
-        Gc = Ga if Ga.dtype == compute_dtype else Ga.to(compute_dtype)
-
-    B = _randn((k, d), generator, Ga.device, dtype=qr_dtype)
+        B = start.to(device=Ga.device, dtype=qr_dtype)
     for _ in range(int(iters)):
-        A = Gc @ B.to(compute_dtype).T  # (m, k)
-        if low:
-            A = A / A.float().norm(dim=0).clamp_min(1e-30).to(A.dtype)
-        B = (A.T @ Gc).to(qr_dtype)  # (k, d)
-        B = _qr_rows(B)
+        step = PowerStep(B, compute_dtype)
+        step.add(Ga)
+        B = step.finish()
     return B
 
 
@@ -257,6 +316,7 @@ class GroupedBasis:
         for kj in self.ks:
             self.block_slices.append(slice(off, off + kj))
             off += kj
+        self._grams: list[Tensor] | None = None
 
     # ------------------------------------------------------------ constructors
     @classmethod
@@ -327,6 +387,33 @@ class GroupedBasis:
                 R[:, g.start : g.end].addmm_(W2[:, sl], self._as(b, W2), alpha=-1.0)
         return R[0] if vec else R
 
+    def grams(self) -> list[Tensor]:
+        """``M_j = B_j B_j^T`` per group (k_j x k_j; cached: bases are not changed in place)."""
+        if self._grams is None:
+            self._grams = [b @ b.T for b in self.bases]
+        return self._grams
+
+    def residual_norms(self, G_norms: Tensor, W: Tensor, slack: float = RESIDUAL_SLACK) -> Tensor:
+        """Upper bounds of ``||g_i - w_i B||`` from ``||g_i||`` and ``W``, without forming R.
+
+        Book-keeping (GEP's residual). With the embedding actually computed, ``w^ = B g + d``
+        (``d``: rounding of the matmul), and ``M_j = B_j B_j^T``, the residual actually
+        released, ``r = g - w^ B``, has ``||r||^2 = ||g||^2 - 2 ||w^||^2 + sum_j w^_j^T M_j
+        w^_j + 2 w^.d`` exactly, for any basis (for an orthonormal one, ||g||^2 - ||w||^2).
+        The bound adds ``slack ||g||^2`` for the unknown ``2 w^.d`` and the rounding of
+        ``M`` and of the norms: it holds while those stay below ``(slack / 4) ||g||^2``;
+        float32 gives ~1e-7 (``tests/test_gep_speed.py`` measures them on ResNet-20).
+        The margin costs a relative ``slack / (2 (||r|| / ||g||)^2)`` of a clipped
+        residual: 0.1% at a per-example projection error of 0.2.
+        """
+        gn2 = G_norms.double().square()
+        W64 = W.double()
+        rn2 = gn2 - 2.0 * W64.square().sum(dim=1)
+        for sl, M in zip(self.block_slices, self.grams(), strict=True):
+            Wj = W64[:, sl]
+            rn2 += ((Wj @ M.double()) * Wj).sum(dim=1)
+        return (rn2.clamp_min(0.0) + slack * gn2).sqrt().to(G_norms.dtype)
+
     def project(self, v: Tensor) -> Tensor:
         """Orthogonal projection ``v B^T B`` onto the span, for (p,) or (n, p)."""
         return self.reconstruct(self.embed(v))
@@ -351,6 +438,71 @@ class GroupedBasis:
         return cls(groups, bases, int(state["dim"]))
 
 
+def grouped_quota(groups: Sequence[Group], k: int, m: int) -> list[int]:
+    """Basis vectors per group: ``k`` split by sqrt(size) with caps ``min(size_j, m)``."""
+    return split_quota([g.size for g in groups], k, cap=[min(g.size, m) for g in groups])
+
+
+def random_starts(
+    groups: Sequence[Group],
+    quota: Sequence[int],
+    generator: torch.Generator | None,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+) -> list[Tensor]:
+    """Gaussian (k_j x size_j) starts of the power method, one per group, drawn in order."""
+    return [
+        _randn((kj, g.size), generator, device, dtype)
+        if kj
+        else torch.zeros(0, g.size, device=device, dtype=dtype)
+        for g, kj in zip(groups, quota, strict=True)
+    ]
+
+
+def warm_starts(
+    start: GroupedBasis,
+    groups: Sequence[Group],
+    quota: Sequence[int],
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+) -> list[Tensor]:
+    """The bases of ``start`` as power-method starts (ValueError if groups or quota differ)."""
+    if list(start.ks) != list(quota) or [(g.start, g.end) for g in start.groups] != [
+        (g.start, g.end) for g in groups
+    ]:
+        raise ValueError(f"start {start!r} does not match the groups and quota {list(quota)}")
+    return [b.to(device=device, dtype=dtype) for b in start.bases]
+
+
+class GroupedPowerStep:
+    """:class:`PowerStep` for every parameter group at once, streamed over row chunks.
+
+    ``add(G)`` takes a chunk of flat anchor gradients (n, p) and feeds each group its
+    columns; ``finish()`` is the new :class:`GroupedBasis` (groups with k_j = 0 keep an
+    empty basis: their coordinates belong to the residual).
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[Group],
+        starts: Sequence[Tensor],
+        dim: int,
+        compute_dtype: torch.dtype | str = torch.float32,
+    ) -> None:
+        self.groups, self.dim = list(groups), int(dim)
+        self.steps = [PowerStep(b, compute_dtype) for b in starts]
+
+    def add(self, G: Tensor) -> None:
+        if G.dim() != 2 or G.shape[1] != self.dim:
+            raise ValueError(f"expected anchor gradients (n, {self.dim}), got {tuple(G.shape)}")
+        for g, step in zip(self.groups, self.steps, strict=True):
+            if step.k:
+                step.add(G[:, g.start : g.end])
+
+    def finish(self) -> GroupedBasis:
+        return GroupedBasis(self.groups, [s.finish() for s in self.steps], self.dim)
+
+
 def fit_grouped_basis(
     Ga: Tensor,
     groups: Sequence[Group],
@@ -358,32 +510,35 @@ def fit_grouped_basis(
     iters: int = 1,
     generator: torch.Generator | None = None,
     compute_dtype: torch.dtype | str = torch.float32,
+    start: GroupedBasis | None = None,
 ) -> GroupedBasis:
     """GEP's anchor subspace with parameter grouping (Algorithm 1 lines 2-7, Section 4).
 
-    The quota ``k`` is split by :func:`~dpsub.subspace.grouping.split_quota` in proportion
-    to sqrt(group size) with caps ``min(size_j, m)``; each group with k_j > 0 then gets
-    :func:`power_iteration` on its columns ``Ga[:, start_j:end_j]`` (groups with k_j = 0
-    get an empty (0, size_j) basis: their coordinates go entirely to the residual).
+    The quota ``k`` is split by :func:`grouped_quota` in proportion to sqrt(group size)
+    with caps ``min(size_j, m)``; each group with k_j > 0 then gets :func:`power_iteration`
+    on its columns ``Ga[:, start_j:end_j]`` (groups with k_j = 0 get an empty (0, size_j)
+    basis: their coordinates go entirely to the residual).
 
     Args:
         Ga: anchor gradients (m x p).
         groups: from :func:`~dpsub.subspace.grouping.group_parameters`.
         k: total number of basis vectors.
         iters, generator, compute_dtype: as in :func:`power_iteration`.
+        start: a previous basis over the same groups (warm start) instead of random starts.
     """
     if Ga.dim() != 2:
         raise ValueError(f"Ga must be a matrix (m, p), got shape {tuple(Ga.shape)}")
     m, p = Ga.shape
     groups = list(groups)
-    quota = split_quota([g.size for g in groups], k, cap=[min(g.size, m) for g in groups])
-    out_dtype = torch.float64 if Ga.dtype == torch.float64 else torch.float32
-    bases = []
-    for g, kj in zip(groups, quota, strict=True):
-        if kj == 0:
-            bases.append(torch.zeros(0, g.size, device=Ga.device, dtype=out_dtype))
-        else:
-            bases.append(
-                power_iteration(Ga[:, g.start : g.end], kj, iters, generator, compute_dtype)
-            )
-    return GroupedBasis(groups, bases, p)
+    quota = grouped_quota(groups, k, m)
+    dtype = torch.float64 if Ga.dtype == torch.float64 else torch.float32
+    if start is not None:
+        starts = warm_starts(start, groups, quota, Ga.device, dtype)
+    else:
+        starts = random_starts(groups, quota, generator, Ga.device, dtype)
+    for _ in range(int(iters)):
+        step = GroupedPowerStep(groups, starts, p, compute_dtype)
+        step.add(Ga)
+        basis = step.finish()
+        starts = basis.bases
+    return basis
