@@ -9,7 +9,8 @@ A table file holds (docs/tables.md has the full format):
 * ``overrides``: per axis, the Hydra overrides a value adds beyond the experiment (a list
   of templates such as ``mechanism.num_bases={k}``, or a mapping value -> list);
 * ``paper``: the paper's value of every cell (``value: null`` where the paper only plots it);
-* ``settings``: named reductions (``note``, ``overrides``, a subset of ``axes``, ``seeds``);
+* ``settings``: named reductions (``note``, ``overrides``, a subset of ``axes``, ``seeds``,
+  ``axis_overrides`` replacing the table's ``overrides`` of some axes);
 * ``tune``: the lr x clip grid every mechanism is tuned on, on a validation split.
 
 An override list may instead be a mapping ``{all: [...], <mechanism>: [...]}``: the ``all``
@@ -72,6 +73,7 @@ class Setting:
     overrides: Any = field(default_factory=list)  # list, or {all: [...], <mechanism>: [...]}
     axes: dict[str, list] = field(default_factory=dict)  # restriction of the table's axes
     seeds: list[int] | None = None
+    axis_overrides: dict[str, Any] = field(default_factory=dict)  # replace the table's entries
 
 
 @dataclass
@@ -143,11 +145,12 @@ class Table:
             out = [f"experiment={self.experiment.format(**cell)}"]
         except KeyError as e:
             raise ConfigError(f"{self.name}: experiment pattern names no axis {e}") from None
-        for axis, entry in self.overrides.items():
+        s = self.setting(setting)
+        for axis, entry in {**self.overrides, **s.axis_overrides}.items():
             if isinstance(entry, dict):  # value -> overrides
                 entry = entry.get(cell[axis], [])
             out += _select(entry, cell)
-        return out + _select(self.setting(setting).overrides, cell)
+        return out + _select(s.overrides, cell)
 
 
 def _select(entry: Any, cell: dict) -> list[str]:
@@ -209,8 +212,12 @@ def _parse(path: Path, raw: dict) -> Table:
         if bad:
             raise ConfigError(f"{path}: settings.{sname}.axes: {sorted(bad)[0]} is not an axis")
         _check_by_mechanism(path, f"settings.{sname}.overrides", s.get("overrides", []), axes)
+        bad = set(s) - {"note", "overrides", "axes", "seeds", "axis_overrides"}
+        if bad:
+            raise ConfigError(f"{path}: settings.{sname}.{sorted(bad)[0]}: unknown key")
         settings[sname] = Setting(
-            sname, s.get("note", ""), s.get("overrides", []), s.get("axes", {}), s.get("seeds")
+            sname, s.get("note", ""), s.get("overrides", []), s.get("axes", {}), s.get("seeds"),
+            s.get("axis_overrides", {}),
         )
     tune = raw.get("tune")
     if tune is not None:
