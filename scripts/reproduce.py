@@ -1,0 +1,461 @@
+"""Run a paper table's grid (``conf/paper/<table>.yaml``) as one Hydra multirun.
+
+    python scripts/reproduce.py gep1-mnist                       # the paper setting, every seed
+    python scripts/reproduce.py gep1-mnist --setting cpu --tune  # + tuning, + the tuned picks
+    python scripts/reproduce.py gep1-mnist --dry-run             # the grid and its cost
+    python scripts/reproduce.py gep1-cifar10 hydra/launcher=slurm data.root=/data
+
+Every job is a cell x seed of the table (docs/tables.md). Its run dir is
+``<out>/<table>/<setting>/<variant>/<cell>,seed=<s>``; a job whose dir holds summary.json
+is skipped, one with a checkpoint but no summary is resumed, and a job whose config equals
+that of a finished run anywhere under ``<out>`` reuses it (a symlink). The pending jobs
+run as one Hydra multirun, so any launcher works (``hydra/launcher=local`` runs two at a
+time on this machine, ``slurm`` submits them); ``hydra.*`` overrides go to Hydra, the
+others to every job. Overrides that change a run (``train.epochs=3``) name the results
+folder (``cpu+train.epochs=3``), so reduced runs never mix with full ones.
+
+``--tune`` also runs the table's tuning grid (lr x clip thresholds, the same for every
+mechanism) on ``tune.validation_size`` examples held out of the private training set,
+picks the best point per cell by validation accuracy (``tune/picks.json``) and runs the
+picks on the test set with every seed (variant ``tuned``). The tuning runs' privacy cost
+is not counted (as in the papers).
+
+``--dry-run`` prints every job with its status, steps and estimated time: a couple of
+steps of each distinct setting (dataset shape, model, mechanism, batch, anchors) are
+timed with the trainer's own ``build_run``/``train_step`` on synthetic data of the same
+shape (cached in ``<out>/.step_times.json`` per CPU/GPU name and thread count), times
+the job's steps. The GPU column is an estimate: the CPU time scaled by this CPU's
+measured matmul throughput over ``--gpu-tflops`` (an assumption, not a measurement).
+
+A bad table, setting or override is one line on stderr, exit code 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import dpsub  # noqa: F401
+except ImportError:  # a checkout without the package installed
+    sys.path.insert(0, str(ROOT / "src"))
+
+from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
+
+from dpsub import tables  # noqa: E402
+from dpsub.errors import ConfigError, DataError  # noqa: E402
+from dpsub.paths import conf_dir  # noqa: E402
+
+log = logging.getLogger("dpsub.reproduce")
+CKPT = "checkpoint.pt"
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def die(msg: str) -> None:
+    print(f"reproduce: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+# ------------------------------------------------------------- overrides
+def split_overrides(items: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(hydra, changing, passthrough): Hydra's own; those that change a run (they name the
+    results folder); those that cannot (data location, logging, evaluation frequency)."""
+    from dpsub.training.checkpoint import may_change
+
+    hydra_ov, extra, passthrough = [], [], []
+    for item in items:
+        key = item.lstrip("+~").split("=", 1)[0]
+        if "=" not in item:
+            die(f"override {item!r}: expected KEY=VALUE")
+        if key.startswith(("hydra.", "hydra/")):
+            hydra_ov.append(item)
+        elif may_change(key):
+            passthrough.append(item)
+        else:
+            extra.append(item)
+    return hydra_ov, extra, passthrough
+
+
+# ----------------------------------------------------------------- plan
+def plan(args, table: tables.Table) -> tuple[list[tables.Job], list[tables.Job], dict]:
+    """(jobs of phase 1, jobs of phase 2 (tuned), picks). Phase 1: the paper variant, and
+    with --tune the tuning grid; phase 2: the tuned picks (known once tuning finished)."""
+    kw = dict(extra=args.extra, passthrough=args.passthrough)
+    jobs = tables.plan_jobs(table, args.setting, args.out, "paper", **kw)
+    tuned, picks = [], {}
+    if args.tune:
+        tune_jobs = tables.plan_jobs(table, args.setting, args.out, "tune", **kw)
+        jobs += tune_jobs
+        picks = tables.pick_best(table, tune_jobs)
+        tuned = tables.plan_jobs(
+            table, args.setting, args.out, "tuned",
+            picks={c: p["overrides"] for c, p in picks.items()}, **kw,
+        )  # fmt: skip
+    keep = lambda j: all(str(j.cell.get(k)) == v for k, v in args.only)  # noqa: E731
+    return [j for j in jobs if keep(j)], [j for j in tuned if keep(j)], picks
+
+
+def compose_all(jobs: list[tables.Job]) -> dict[Path, DictConfig]:
+    """Every job's config, composed and validated (ConfigError names the job)."""
+    from hydra import compose, initialize_config_dir
+
+    import dpsub.train  # noqa: F401  (resolvers)
+    from dpsub.config import validate
+
+    out = {}
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        for job in jobs:
+            try:
+                cfg = compose(config_name="config", overrides=job.hydra_overrides())
+                validate(cfg)
+            except ConfigError as e:
+                raise ConfigError(f"{e} (job {job.variant}/{job.name})") from None
+            except Exception as e:  # noqa: BLE001 -- Hydra's own errors: one line
+                msg = str(e).splitlines()[0]
+                raise ConfigError(f"job {job.variant}/{job.name}: {msg}") from None
+            out[job.dir] = cfg
+    return out
+
+
+def finished_runs(root: Path) -> list[tuple[Path, dict]]:
+    """(run dir, saved config) of every finished run under ``root`` (not through symlinks)."""
+    runs = []
+    for summary in sorted(Path(root).rglob(tables.SUMMARY)):
+        d = summary.parent
+        if any(p.is_symlink() for p in [d, *d.parents]) or not (d / "config.yaml").is_file():
+            continue
+        runs.append((d, OmegaConf.to_container(OmegaConf.load(d / "config.yaml"))))
+    return runs
+
+
+def status(job: tables.Job, cfg: DictConfig, done: list[tuple[Path, dict]]) -> str:
+    """done | reuse:<dir> | resume | todo."""
+    from dpsub.training.checkpoint import changed_keys
+
+    if job.finished:
+        return "done"
+    if (job.dir / CKPT).is_file():
+        return "resume"
+    if not job.dir.exists():
+        new = OmegaConf.to_container(cfg, resolve=True)
+        for d, saved in done:
+            if d != job.dir and not changed_keys(saved, new):
+                return f"reuse:{d}"
+    return "todo"
+
+
+# --------------------------------------------------------------- timing
+def dataset_shape(cfg: DictConfig) -> tuple[int, int]:
+    """(channels, size) of the configured dataset's images."""
+    name = cfg.dataset.name
+    if name == "synthetic":
+        return int(cfg.dataset.synthetic.channels), int(cfg.dataset.synthetic.size)
+    if name == "digits":
+        return 1, int(cfg.dataset.get("image_size") or 28)
+    return (1, 28) if name in ("mnist", "fashion_mnist") else (3, 32)
+
+
+def timing_key(cfg: DictConfig) -> str:
+    """What a step's cost depends on (not lr, epsilon, seed, clip thresholds)."""
+    mech = {k: v for k, v in OmegaConf.to_container(cfg.mechanism).items() if "clip" not in k}
+    return json.dumps(
+        {
+            "shape": dataset_shape(cfg), "model": OmegaConf.to_container(cfg.model),
+            "mechanism": mech, "batch": cfg.train.batch_size,
+            "grads": OmegaConf.to_container(cfg.grads), "device": cfg.device,
+            "aux": cfg.aux.name != "none" and int(cfg.aux.num_samples),
+        },
+        sort_keys=True,
+    )  # fmt: skip
+
+
+def time_step(cfg: DictConfig, steps: int, warmup: int) -> float:
+    """Median seconds of the trainer's step for ``cfg``'s setting, on synthetic data of the
+    same shape (a fixed full batch of B examples; noise multiplier fixed, no calibration)."""
+    import torch
+
+    from dpsub.training.run import build_run, train_step
+
+    cfg = cfg.copy()
+    c, s = dataset_shape(cfg)
+    b = int(cfg.train.batch_size)
+    with open_dict(cfg):
+        cfg.dataset = {"name": "synthetic", "validation_size": None, "synthetic": {
+            "n_train": b, "n_test": 8, "channels": c, "size": s, "num_classes": 10, "seed": 0}}  # fmt: skip
+        if cfg.aux.name != "none":
+            m = int(cfg.aux.num_samples)
+            cfg.aux = {"name": "gaussian", "num_samples": m, "labels": "random_once", "seed": None}
+        cfg.privacy.noise_multiplier, cfg.privacy.epsilon = 1.0, 1e12
+        cfg.train.epochs, cfg.train.max_steps = 100000, None
+    run = build_run(cfg)
+    idx = torch.arange(b, device=run.device)
+    times = []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        train_step(run, idx=idx)
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def machine() -> str:
+    """The CPU (or GPU) name and torch's thread count: what a step time is valid for."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)}"
+    name = "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name} x{torch.get_num_threads()} threads"
+
+
+def matmul_gflops() -> float:
+    """This machine's measured fp32 matmul throughput (GFLOP/s), for the GPU estimate."""
+    import torch
+
+    a = torch.randn(1024, 1024)
+    a @ a
+    t0, n = time.perf_counter(), 5
+    for _ in range(n):
+        a @ a
+    return 2 * 1024**3 * n / (time.perf_counter() - t0) / 1e9
+
+
+def train_size(cfg: DictConfig, cache: dict) -> int | None:
+    """N, the private training set of ``cfg`` (after aux and validation carve-outs)."""
+    from dpsub.data.aux import build_aux
+    from dpsub.data.validation import carve_validation
+    from dpsub.training.run import load_data
+
+    key = json.dumps(
+        [OmegaConf.to_container(cfg.dataset), OmegaConf.to_container(cfg.aux), cfg.seed]
+    )
+    if key not in cache:
+        try:
+            data = load_data(cfg)
+            _, data = build_aux(cfg.aux, data, root=cfg.data.root, seed=cfg.seed)
+            if cfg.dataset.get("validation_size"):
+                data = carve_validation(data, int(cfg.dataset.validation_size), cfg.seed)
+            cache[key] = int(data.train_y.shape[0])
+        except DataError:
+            cache[key] = None
+    return cache[key]
+
+
+def estimate(jobs, cfgs, args) -> list[dict]:
+    """Steps and estimated seconds of every job (step times measured or cached)."""
+    from dpsub.training.run import plan_steps
+
+    cache_path = Path(args.out) / ".step_times.json"
+    cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
+    here = machine()
+    times, sizes, rows = cache.setdefault(here, {}), {}, []
+    for job in jobs:
+        cfg = cfgs[job.dir]
+        key = timing_key(cfg)
+        if key not in times:
+            say(f"  timing {job.variant}/{job.name} ({args.timing_steps} steps) ...")
+            times[key] = time_step(cfg, args.timing_steps, 1)
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            cache_path.write_text(json.dumps(cache, indent=1))
+        n = train_size(cfg, sizes)
+        steps = plan_steps(cfg, n)[1] if n else None
+        sec = steps * times[key] if steps else math.nan
+        rows.append({"job": job, "steps": steps, "step_s": times[key], "sec": sec, "n": n})
+    return rows
+
+
+# --------------------------------------------------------------- output
+def hms(sec: float) -> str:
+    if not math.isfinite(sec):
+        return "?"
+    h, rem = divmod(int(round(sec)), 3600)
+    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
+
+
+def print_grid(rows, states, args, gpu_factor: float) -> None:
+    say(f"| variant | job | status | N | steps | s/step | est. CPU | est. GPU |")
+    say("|---|---|---|---:|---:|---:|---:|---:|")
+    todo_s = 0.0
+    for r in rows:
+        j, st = r["job"], states[r["job"].dir]
+        pending = st in ("todo", "resume", "after tuning")
+        todo_s += r["sec"] if pending else 0.0
+        say(
+            f"| {j.variant} | {j.name} | {st.split(':')[0]} | {r['n'] or '?'} | {r['steps'] or '?'} "
+            f"| {r['step_s']:.2f} | {hms(r['sec'])} | {hms(r['sec'] * gpu_factor)} |"
+        )
+    total = sum(r["sec"] for r in rows)
+    say(
+        f"\n{len(rows)} jobs; all: {hms(total)} CPU ({hms(total * gpu_factor)} GPU, estimate); "
+        f"still to run: {hms(todo_s)} CPU ({hms(todo_s * gpu_factor)} GPU, estimate)"
+    )
+
+
+def dry_run(args, table, jobs, tuned, picks) -> None:
+    if args.tune and not tuned:  # the tuned jobs' cost: the paper hyper-parameters stand in
+        tuned = tables.plan_jobs(
+            table, args.setting, args.out, "tuned", extra=args.extra,
+            passthrough=args.passthrough, picks={tables.cell_id(c): [] for c in table.cells(args.setting)},
+        )  # fmt: skip
+    all_jobs = jobs + tuned
+    cfgs = compose_all(all_jobs)
+    done = finished_runs(args.out)
+    states = {j.dir: status(j, cfgs[j.dir], done) for j in jobs}
+    for j in tuned:
+        states[j.dir] = status(j, cfgs[j.dir], done) if picks else "after tuning"
+    setting = table.setting(args.setting)
+    say(f"# {table.title}: setting {args.setting} ({setting.note})")
+    if args.extra:
+        say(f"# overrides changing the runs: {' '.join(args.extra)}")
+    rows = estimate(all_jobs, cfgs, args)
+    gflops = matmul_gflops()
+    factor = gflops / (args.gpu_tflops * 1e3)
+    say(
+        f"# step times on {machine()} (load average {os.getloadavg()[0]:.1f}); GPU column = CPU "
+        f"x {gflops:.0f} GFLOP/s (this CPU's fp32 matmul) / {args.gpu_tflops:g} TFLOP/s "
+        "(assumed GPU): an estimate, not a measurement\n"
+    )
+    print_grid(rows, states, args, factor)
+
+
+# --------------------------------------------------------------- launch
+def link_reused(jobs, states) -> None:
+    for j in jobs:
+        st = states[j.dir]
+        if st.startswith("reuse:"):
+            target = Path(st.split(":", 1)[1])
+            j.dir.parent.mkdir(parents=True, exist_ok=True)
+            j.dir.symlink_to(os.path.relpath(target, j.dir.parent))
+            say(f"reuse {j.variant}/{j.name} -> {target}")
+
+
+def launch(jobs: list[tables.Job], sweep_dir: Path, hydra_ov: list[str]) -> None:
+    """One Hydra multirun over ``jobs`` (the task below runs job number ``reproduce.index``)."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    spec = [{"dir": str(j.dir), "overrides": j.hydra_overrides()} for j in jobs]
+    (sweep_dir / "jobs.json").write_text(json.dumps(spec, indent=1))
+    index = ",".join(str(i) for i in range(len(jobs)))
+    sys.argv = [
+        sys.argv[0], "-m", f"hydra.sweep.dir={tables._quote(str(sweep_dir))}",
+        f"+reproduce.jobs={tables._quote(str(sweep_dir / 'jobs.json'))}",
+        f"+reproduce.index={index}", *hydra_ov,
+    ]  # fmt: skip
+    hydra_main()
+
+
+def _task(cfg: DictConfig) -> float:
+    """One job: compose its config, then train (or resume) in its run dir."""
+    from hydra import compose
+
+    from dpsub.train import run
+
+    job = json.loads(Path(cfg.reproduce.jobs).read_text())[int(cfg.reproduce.index)]
+    run_dir = Path(job["dir"])
+    try:
+        jcfg = compose(config_name="config", overrides=job["overrides"])
+        return run(jcfg, run_dir, resume=(run_dir / CKPT).is_file())
+    except SystemExit as e:  # dpsub's one-line errors: report, go on with the other jobs
+        log.error("job %s failed (exit %s)", run_dir, e.code)
+    except Exception:  # noqa: BLE001
+        log.error("job %s failed:\n%s", run_dir, traceback.format_exc())
+    return math.nan
+
+
+def hydra_main() -> None:
+    import hydra
+
+    hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")(_task)()
+
+
+def run_phase(jobs, args, hydra_ov, label: str) -> None:
+    cfgs = compose_all(jobs)
+    done = finished_runs(args.out)
+    states = {j.dir: status(j, cfgs[j.dir], done) for j in jobs}
+    link_reused(jobs, states)
+    pending = [j for j in jobs if states[j.dir] in ("todo", "resume")]
+    say(f"{label}: {len(jobs)} jobs, {len(jobs) - len(pending)} finished or reused, "
+        f"{len(pending)} to run")  # fmt: skip
+    if pending:
+        stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        base = tables.setting_dir(args.out, args.table_obj, args.setting, args.extra)
+        launch(pending, base / ".sweeps" / stamp, hydra_ov)
+
+
+def write_picks(args, picks: dict) -> None:
+    base = tables.setting_dir(args.out, args.table_obj, args.setting, args.extra)
+    (base / "tune").mkdir(parents=True, exist_ok=True)
+    (base / "tune" / "picks.json").write_text(json.dumps(picks, indent=1))
+
+
+# ------------------------------------------------------------------ CLI
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("table", help=f"one of: {', '.join(tables.table_names())}")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every job (hydra.*: Hydra's)")
+    p.add_argument("--setting", default="paper", help="a setting of the table (default: paper)")
+    p.add_argument("--out", type=Path, default=ROOT / "outputs" / "tables", help="results root")
+    p.add_argument("--tune", action="store_true", help="also tune lr x clip, then run the picks")
+    p.add_argument("--dry-run", action="store_true", help="print the grid and its cost only")
+    p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
+                   help="only the cells with this axis value (repeatable)")  # fmt: skip
+    p.add_argument("--timing-steps", type=int, default=2, help="timed steps per setting")
+    p.add_argument("--gpu-tflops", type=float, default=15.0,
+                   help="assumed GPU fp32 throughput for the GPU estimate")  # fmt: skip
+    args = p.parse_intermixed_args(argv)
+    args.only = [tuple(o.split("=", 1)) for o in args.only]
+    if any(len(o) != 2 for o in args.only):
+        die("--only: expected AXIS=VALUE")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    hydra_ov, args.extra, args.passthrough = split_overrides(args.overrides)
+    try:
+        table = args.table_obj = tables.load_table(args.table)
+        table.setting(args.setting)
+        jobs, tuned, picks = plan(args, table)
+        if args.dry_run:
+            dry_run(args, table, jobs, tuned, picks)
+            return 0
+        compose_all(jobs + tuned)  # every config valid before anything is written
+    except ConfigError as e:
+        die(str(e))
+    run_phase(jobs, args, hydra_ov, "phase 1 (paper setting" + (" + tuning grid)" if args.tune else ")"))
+    if args.tune:
+        _, tuned, picks = plan(args, table)
+        write_picks(args, picks)
+        run_phase(tuned, args, hydra_ov, "phase 2 (tuned picks)")
+    unfinished = [j for j in plan(args, table)[0] if not j.finished]
+    if unfinished:
+        say(f"{len(unfinished)} jobs unfinished, e.g. {unfinished[0].dir}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,373 @@
+"""Paper tables as data: ``conf/paper/<table>.yaml`` -> a grid of runs beside the paper's values.
+
+A table file holds (docs/tables.md has the full format):
+
+* ``experiment``: a pattern naming the experiment config of a cell, e.g.
+  ``"{mechanism}_mnist_eps{epsilon}"`` (formatted with the cell's axis values);
+* ``axes``: the grid, an ordered mapping axis -> values (``mechanism`` is required);
+  the cells are the product of the axes, and ``seeds`` repeat every cell;
+* ``overrides``: per axis, the Hydra overrides a value adds beyond the experiment (a list
+  of templates such as ``mechanism.num_bases={k}``, or a mapping value -> list);
+* ``paper``: the paper's value of every cell (``value: null`` where the paper only plots it);
+* ``settings``: named reductions (``note``, ``overrides``, a subset of ``axes``, ``seeds``,
+  ``axis_overrides`` replacing the table's ``overrides`` of some axes);
+* ``tune``: the lr x clip grid every mechanism is tuned on, on a validation split.
+
+An override list may instead be a mapping ``{all: [...], <mechanism>: [...]}``: the ``all``
+entries apply to every cell, the others only to cells of that mechanism (a dpsgd cell has
+no ``mechanism.num_bases``).
+
+Jobs live in ``<root>/<table>/<setting>/<variant>/<job name>`` with variant ``paper`` (the
+paper's hyper-parameters), ``tune`` (the tuning grid, evaluated on the validation split) or
+``tuned`` (the pick of the tuning grid, evaluated on the test set); a job is finished when
+its directory holds ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpsub.errors import ConfigError
+from dpsub.paths import conf_dir
+
+__all__ = [
+    "Job",
+    "Table",
+    "finished",
+    "load_table",
+    "pick_best",
+    "plan_jobs",
+    "seed_stats",
+    "table_names",
+]
+
+VARIANTS = ("paper", "tune", "tuned")
+TOP_KEYS = {
+    "title", "source", "metric", "kind", "layout", "experiment", "axes", "seeds", "labels",
+    "overrides", "paper", "settings", "tune", "notes",
+}  # fmt: skip
+SUMMARY = "summary.json"
+
+
+def tables_dir() -> Path:
+    return conf_dir() / "paper"
+
+
+def table_names() -> list[str]:
+    return sorted(p.stem for p in tables_dir().glob("*.yaml"))
+
+
+# ------------------------------------------------------------------- spec
+@dataclass
+class Setting:
+    """A named variant of the paper setting (``paper``: the setting itself)."""
+
+    name: str
+    note: str = "the paper's setting"
+    overrides: Any = field(default_factory=list)  # list, or {all: [...], <mechanism>: [...]}
+    axes: dict[str, list] = field(default_factory=dict)  # restriction of the table's axes
+    seeds: list[int] | None = None
+    axis_overrides: dict[str, Any] = field(default_factory=dict)  # replace the table's entries
+
+
+@dataclass
+class Tune:
+    """The grid each mechanism is tuned on: every lr x every clip setting of the mechanism."""
+
+    validation_size: int
+    seed: int
+    lr: list[float]
+    clip: dict[str, list[list[str]]]  # mechanism -> clip settings (each a list of overrides)
+
+    def points(self, mechanism: str) -> list[tuple[float, int]]:
+        """(lr, clip index) of every grid point of ``mechanism``."""
+        clips = self.clip.get(mechanism)
+        if not clips:
+            raise ConfigError(f"tune.clip: no clip settings for mechanism {mechanism!r}")
+        return [(lr, i) for lr in self.lr for i in range(len(clips))]
+
+
+@dataclass
+class Table:
+    name: str
+    title: str
+    source: str
+    metric: str
+    kind: str
+    layout: dict[str, str]
+    experiment: str
+    axes: dict[str, list]
+    seeds: list[int]
+    labels: dict[str, dict]
+    overrides: dict[str, Any]
+    paper: list[dict]
+    settings: dict[str, Setting]
+    tune: Tune | None
+    notes: list[str]
+
+    # --------------------------------------------------------------- cells
+    def setting(self, name: str) -> Setting:
+        if name == "paper":
+            return self.settings.get("paper", Setting("paper"))
+        if name not in self.settings:
+            known = ", ".join(["paper", *self.settings])
+            raise ConfigError(f"--setting: table {self.name} has no setting {name!r} ({known})")
+        return self.settings[name]
+
+    def cells(self, setting: str = "paper") -> list[dict]:
+        """The grid's cells (axis -> value), in axis order, restricted by the setting."""
+        axes = {**self.axes, **self.setting(setting).axes}
+        return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+    def seeds_of(self, setting: str) -> list[int]:
+        s = self.setting(setting).seeds
+        return list(self.seeds if s is None else s)
+
+    def paper_cell(self, cell: dict) -> dict | None:
+        """The paper's entry (value, std, note) of a cell, if it has one."""
+        for entry in self.paper:
+            if all(entry.get(a) == cell[a] for a in self.axes):
+                return entry
+        return None
+
+    def label(self, axis: str, value: Any) -> str:
+        return str(self.labels.get(axis, {}).get(value, value))
+
+    def overrides_of(self, cell: dict, setting: str) -> list[str]:
+        """Hydra overrides of a cell: experiment, axis overrides, the setting's."""
+        try:
+            out = [f"experiment={self.experiment.format(**cell)}"]
+        except KeyError as e:
+            raise ConfigError(f"{self.name}: experiment pattern names no axis {e}") from None
+        s = self.setting(setting)
+        for axis, entry in {**self.overrides, **s.axis_overrides}.items():
+            if isinstance(entry, dict):  # value -> overrides
+                entry = entry.get(cell[axis], [])
+            out += _select(entry, cell)
+        return out + _select(s.overrides, cell)
+
+
+def _select(entry: Any, cell: dict) -> list[str]:
+    """Templates of an override entry for ``cell``, formatted with its values (a mapping
+    ``{all: [...], <mechanism>: [...]}`` gives ``all`` and the cell's mechanism's)."""
+    if isinstance(entry, dict):
+        entry = [*entry.get("all", []), *entry.get(cell["mechanism"], [])]
+    return [str(t).format(**cell) for t in entry]
+
+
+def load_table(name: str | Path) -> Table:
+    """The table ``conf/paper/<name>.yaml`` (or a path); ConfigError naming a bad key."""
+    import yaml
+
+    path = Path(name) if str(name).endswith(".yaml") else tables_dir() / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"table {name}: no such file {path} (tables: {', '.join(table_names())})")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a table file is a mapping")
+    return _parse(path, raw)
+
+
+def _need(path: Path, raw: dict, key: str, kind: type) -> Any:
+    if not isinstance(raw.get(key), kind):
+        raise ConfigError(f"{path}: {key}: required, a {kind.__name__}")
+    return raw[key]
+
+
+def _check_by_mechanism(path: Path, key: str, entry: Any, axes: dict) -> None:
+    if isinstance(entry, dict):
+        bad = set(entry) - {"all", *axes["mechanism"]}
+        if bad:
+            raise ConfigError(f"{path}: {key}: {sorted(bad)[0]!r} is neither 'all' nor a mechanism")
+    elif not isinstance(entry, list):
+        raise ConfigError(f"{path}: {key}: a list of overrides or a mapping by mechanism")
+
+
+def _parse(path: Path, raw: dict) -> Table:
+    unknown = set(raw) - TOP_KEYS
+    if unknown:
+        raise ConfigError(f"{path}: {sorted(unknown)[0]}: unknown key (known: {sorted(TOP_KEYS)})")
+    axes = _need(path, raw, "axes", dict)
+    if "mechanism" not in axes or not all(isinstance(v, list) and v for v in axes.values()):
+        raise ConfigError(f"{path}: axes: a mapping axis -> values, with a 'mechanism' axis")
+    kind = raw.get("kind", "table")
+    if kind not in ("table", "figure"):
+        raise ConfigError(f"{path}: kind: table or figure, got {kind!r}")
+    layout = _need(path, raw, "layout", dict)
+    for role, axis in layout.items():
+        if axis not in axes:
+            raise ConfigError(f"{path}: layout.{role}: {axis!r} is not an axis")
+    settings = {}
+    for sname, s in (raw.get("settings") or {}).items():
+        bad = set(s.get("axes", {})) - set(axes)
+        if bad:
+            raise ConfigError(f"{path}: settings.{sname}.axes: {sorted(bad)[0]} is not an axis")
+        _check_by_mechanism(path, f"settings.{sname}.overrides", s.get("overrides", []), axes)
+        bad = set(s) - {"note", "overrides", "axes", "seeds", "axis_overrides"}
+        if bad:
+            raise ConfigError(f"{path}: settings.{sname}.{sorted(bad)[0]}: unknown key")
+        settings[sname] = Setting(
+            sname, s.get("note", ""), s.get("overrides", []), s.get("axes", {}), s.get("seeds"),
+            s.get("axis_overrides", {}),
+        )
+    tune = raw.get("tune")
+    if tune is not None:
+        tune = Tune(int(tune["validation_size"]), int(tune.get("seed", 0)), tune["lr"], tune["clip"])
+    paper = _need(path, raw, "paper", list)
+    for i, entry in enumerate(paper):
+        if set(axes) - set(entry) or "value" not in entry:
+            raise ConfigError(f"{path}: paper[{i}]: needs every axis ({list(axes)}) and value")
+    return Table(
+        name=path.stem, title=raw.get("title", path.stem), source=raw.get("source", ""),
+        metric=raw.get("metric", "test_accuracy"), kind=kind, layout=layout,
+        experiment=_need(path, raw, "experiment", str), axes=axes,
+        seeds=list(raw.get("seeds", [0])), labels=raw.get("labels") or {},
+        overrides=raw.get("overrides") or {}, paper=paper, settings=settings, tune=tune,
+        notes=list(raw.get("notes") or []),
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------- jobs
+@dataclass
+class Job:
+    """One run of a table: a cell, a seed (or a tuning point), its overrides and its dir."""
+
+    table: str
+    setting: str
+    variant: str  # paper | tune | tuned
+    cell: dict
+    seed: int
+    overrides: list[str]
+    dir: Path
+    point: tuple[float, int] | None = None  # tuning grid point (lr, clip index)
+
+    @property
+    def name(self) -> str:
+        return self.dir.name
+
+    @property
+    def finished(self) -> bool:
+        return finished(self.dir)
+
+    def hydra_overrides(self) -> list[str]:
+        """Everything that composes this job's config, run dir included."""
+        run_name = f"{self.table}-{self.setting}-{self.variant}-{self.name}"
+        return [*self.overrides, f"out_dir={_quote(str(self.dir))}", f"run_name={_quote(run_name)}"]
+
+
+def _quote(value: str) -> str:
+    """A Hydra override value that may hold ``=`` and ``,``."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def finished(run_dir: Path) -> bool:
+    return (Path(run_dir) / SUMMARY).is_file()
+
+
+def cell_id(cell: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in cell.items())
+
+
+def setting_dir(root: Path, table: Table, setting: str, extra: list[str]) -> Path:
+    """``<root>/<table>/<setting>``; overrides that change a run are appended to the name."""
+    name = setting + "".join(f"+{o}" for o in sorted(extra))
+    return Path(root) / table.name / name.replace("/", "_")
+
+
+def plan_jobs(
+    table: Table,
+    setting: str,
+    root: Path,
+    variant: str = "paper",
+    extra: list[str] = (),
+    passthrough: list[str] = (),
+    picks: dict[str, list[str]] | None = None,
+) -> list[Job]:
+    """Every job of a variant. ``extra``: overrides that change runs (they name the folder);
+    ``passthrough``: overrides that do not (data.root, logging); ``picks``: cell id ->
+    overrides of the tuned pick (variant ``tuned``)."""
+    if variant not in VARIANTS:
+        raise ValueError(variant)
+    base = setting_dir(root, table, setting, list(extra)) / variant
+    tail = [*extra, *passthrough]
+    jobs = []
+    for cell in table.cells(setting):
+        cov = table.overrides_of(cell, setting)
+        cid = cell_id(cell)
+        if variant == "tune":
+            tune = _tune_of(table)
+            for lr, ci in tune.points(cell["mechanism"]):
+                ov = [*cov, *tune_overrides(tune, cell["mechanism"], lr, ci), f"seed={tune.seed}"]
+                d = base / f"{cid},lr={lr},clip={ci}"
+                jobs.append(Job(table.name, setting, variant, cell, tune.seed, ov + tail, d, (lr, ci)))
+            continue
+        pick = []
+        if variant == "tuned":
+            if picks is None or cid not in picks:
+                continue  # not tuned yet
+            pick = picks[cid]
+        for seed in table.seeds_of(setting):
+            d = base / f"{cid},seed={seed}"
+            jobs.append(Job(table.name, setting, variant, cell, seed, [*cov, *pick, f"seed={seed}", *tail], d))
+    return jobs
+
+
+def _tune_of(table: Table) -> Tune:
+    if table.tune is None:
+        raise ConfigError(f"table {table.name}: no tune section (cannot --tune)")
+    return table.tune
+
+
+def tune_overrides(tune: Tune, mechanism: str, lr: float, clip: int, validation: bool = True):
+    """The overrides of one tuning point (with the validation split unless ``validation=False``)."""
+    ov = [f"optim.lr={lr}", *tune.clip[mechanism][clip]]
+    return [*ov, f"dataset.validation_size={tune.validation_size}"] if validation else ov
+
+
+# ---------------------------------------------------------------- results
+def read_summary(run_dir: Path) -> dict:
+    try:
+        return json.loads((Path(run_dir) / SUMMARY).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{Path(run_dir) / SUMMARY}: not readable ({e})") from None
+
+
+def pick_best(table: Table, jobs: list[Job]) -> dict[str, dict]:
+    """Per cell, the tuning point with the best validation accuracy (ties: the first in grid
+    order). Cells whose tuning jobs are not all finished are left out."""
+    by_cell: dict[str, list[Job]] = {}
+    for j in jobs:
+        by_cell.setdefault(cell_id(j.cell), []).append(j)
+    picks = {}
+    for cid, cjobs in by_cell.items():
+        if not all(j.finished for j in cjobs):
+            continue
+        scores = [read_summary(j.dir).get("validation_accuracy", -math.inf) for j in cjobs]
+        best = max(range(len(cjobs)), key=lambda i: (scores[i], -i))
+        lr, ci = cjobs[best].point
+        mech = cjobs[best].cell["mechanism"]
+        picks[cid] = {
+            "lr": lr,
+            "clip": ci,
+            "overrides": tune_overrides(table.tune, mech, lr, ci, validation=False),
+            "validation_accuracy": scores[best],
+            "grid": {j.name: s for j, s in zip(cjobs, scores)},
+        }
+    return picks
+
+
+def seed_stats(values: list[float]) -> tuple[float, float, int]:
+    """(mean, sample std (0 for one value), n)."""
+    if not values:
+        return math.nan, math.nan, 0
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return statistics.fmean(values), std, len(values)

@@ -1,0 +1,353 @@
+"""Paper tables (conf/paper/*.yaml): every cell composes, the grids are the papers' cells with
+the papers' values, and reproduce.py + make_table.py turn tiny real runs into a table."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpsub import tables
+from dpsub.config import validate
+from dpsub.errors import ConfigError
+
+from conftest import REPO, compose_cfg
+
+SCRIPTS = REPO / "scripts"
+PAPER_TEXT = REPO.parent / "shared" / "papers" / "gep-gradient-embedding-perturbation.txt"
+needs_paper = pytest.mark.skipif(not PAPER_TEXT.is_file(), reason="the GEP paper's text not found")
+TABLES = tables.table_names()
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"dpsub_{name}_script", SCRIPTS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def cell_key(table: tables.Table, cell: dict) -> tuple:
+    return tuple(cell[a] for a in table.axes)
+
+
+# ----------------------------------------------------------------- specs
+def test_the_gep_tables_are_there():
+    assert {"gep1-mnist", "gep1-cifar10", "gep1-svhn", "gep5-aux", "gep6-anchors"} <= set(TABLES)
+    assert {"gep-fig6-mnist", "gep-fig6-cifar10", "gep-fig6-svhn"} <= set(TABLES)
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_grid_is_the_papers_cells(name):
+    """The grid (product of the axes) holds exactly the cells the paper reports, once each."""
+    t = tables.load_table(name)
+    grid = [cell_key(t, c) for c in t.cells("paper")]
+    paper = [cell_key(t, e) for e in t.paper]
+    assert sorted(grid, key=str) == sorted(paper, key=str)
+    assert len(set(paper)) == len(paper)
+    for setting in t.settings:  # a setting only restricts the grid
+        assert {cell_key(t, c) for c in t.cells(setting)} <= set(grid)
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_every_cell_composes_in_every_setting(name):
+    """Each cell's experiment + overrides composes and validates (seeds change nothing else)."""
+    t = tables.load_table(name)
+    for setting in ["paper", *t.settings]:
+        for cell in t.cells(setting):
+            ov = t.overrides_of(cell, setting)
+            validate(compose_cfg(*ov))
+            if t.tune:
+                for lr, ci in t.tune.points(cell["mechanism"]):
+                    validate(compose_cfg(*ov, *tables.tune_overrides(t.tune, cell["mechanism"], lr, ci)))
+
+
+#: GEP paper, Section 4: epochs for epsilon 2 / 5 / 8, and delta.
+GEP_EPOCHS = {"mnist": (50, 100, 200), "cifar10": (50, 100, 200), "svhn": (5, 10, 20)}
+GEP_DELTA = {"mnist": 1e-5, "cifar10": 1e-5, "svhn": 1e-6}
+
+
+@pytest.mark.parametrize("dataset", sorted(GEP_EPOCHS))
+def test_table1_cells_run_the_papers_setting(dataset):
+    t = tables.load_table(f"gep1-{dataset}")
+    for cell in t.cells("paper"):
+        cfg = compose_cfg(*t.overrides_of(cell, "paper"))
+        assert cfg.mechanism.name == cell["mechanism"] and cfg.dataset.name == dataset
+        assert cfg.privacy.epsilon == cell["epsilon"]
+        assert cfg.privacy.delta == GEP_DELTA[dataset]
+        assert cfg.train.epochs == GEP_EPOCHS[dataset][(2, 5, 8).index(cell["epsilon"])]
+        assert (cfg.train.batch_size, cfg.optim.lr, cfg.optim.momentum) == (1000, 0.1, 0.9)
+        assert cfg.optim.weight_decay == 1e-4 and list(cfg.optim.schedule.milestones) == [0.5]
+        if cell["mechanism"] != "dpsgd":
+            assert (cfg.aux.name, cfg.aux.num_samples) == ("natural", 2000)
+            assert cfg.mechanism.clip_embedding == 10.0
+        if cell["mechanism"] == "gep":
+            assert cfg.mechanism.clip_residual == 2.0
+        assert cfg.model.name == ("mnist_cnn" if dataset == "mnist" else "resnet20")
+
+
+def test_axis_cells_set_what_they_name():
+    t6 = tables.load_table("gep6-anchors")
+    for cell in t6.cells("paper"):
+        assert compose_cfg(*t6.overrides_of(cell, "paper")).aux.num_samples == cell["m"]
+    for cell in t6.cells("cpu"):  # the reduced setting runs m / 4 anchors
+        assert compose_cfg(*t6.overrides_of(cell, "cpu")).aux.num_samples == cell["m"] // 4
+    fig = tables.load_table("gep-fig6-mnist")
+    for cell in fig.cells("cpu"):
+        assert compose_cfg(*fig.overrides_of(cell, "cpu")).mechanism.num_bases == cell["k"]
+    t5 = tables.load_table("gep5-aux")
+    names = {c["aux"]: compose_cfg(*t5.overrides_of(c, "paper")).aux for c in t5.cells("paper")}
+    assert (names["cifar10_true"].name, names["cifar10_true"].labels) == ("heldout_test", "true")
+    assert names["cifar10_random"].labels == "random_per_step"
+    assert names["cifar100_random"].name == "cifar100" and names["imagenet_random"].name == "natural"
+
+
+def _paper_rows(text: str, first: str, last: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first))
+    return lines[start : start + last]
+
+
+@needs_paper
+def test_table1_values_are_the_papers():
+    """conf/paper/gep1-*.yaml hold the numbers printed in the paper's Table 1."""
+    text = PAPER_TEXT.read_text()
+    names = {"GP": "dpsgd", "B-GEP": "bgep", "GEP": "gep"}
+    for dataset, heading in (("mnist", "MNIST GP"), ("svhn", "SVHN GP"), ("cifar10", "CIFAR-10 GP")):
+        t = tables.load_table(f"gep1-{dataset}")
+        found = 0
+        for line in _paper_rows(text, heading, 4):
+            words = line.split()
+            name = words[1] if words[1] == "GP" else words[0]
+            if name not in names:
+                continue  # PATE
+            values = [float(v) for v in re.findall(r"[+-]?\d+\.\d", line)][0::2][:3]
+            for eps, v in zip((2, 5, 8), values):
+                assert t.paper_cell({"mechanism": names[name], "epsilon": eps})["value"] == v
+                found += 1
+        assert found == 9
+
+
+@needs_paper
+def test_tables5_and_6_values_are_the_papers():
+    text = PAPER_TEXT.read_text()
+    t5 = tables.load_table("gep5-aux")
+    rows = _paper_rows(text, "CIFAR10 No", 4)
+    keys = ["cifar10_true", "cifar10_random", "cifar100_random", "imagenet_random"]
+    for key, line in zip(keys, rows):
+        mean, std = map(float, re.findall(r"\d+\.\d+", line)[-2:])
+        entry = t5.paper_cell({"mechanism": "gep", "aux": key})
+        assert (entry["value"], entry["std"]) == (mean, std)
+    t6 = tables.load_table("gep6-anchors")
+    for mech, line in zip(("bgep", "gep"), _paper_rows(text, "B-GEP 62.2", 2)):
+        pairs = list(zip(*[iter(map(float, re.findall(r"\d+\.\d+", line)))] * 2))
+        for m, (mean, std) in zip((1000, 2000, 4000), pairs):
+            entry = t6.paper_cell({"mechanism": mech, "m": m})
+            assert (entry["value"], entry["std"]) == (mean, std)
+
+
+def test_a_bad_table_file_names_the_key(tmp_path):
+    good = (tables.tables_dir() / "gep1-mnist.yaml").read_text()
+    cases = {
+        "colums": good.replace("columns: epsilon", "colums: epsilon"),
+        "paper[0]": good.replace("{mechanism: dpsgd, epsilon: 2, value: 94.7}", "{mechanism: dpsgd}"),
+        "settings.cpu.axes": good.replace("axes: {epsilon: [2]}", "axes: {eps: [2]}"),
+        "unknown key": good + "\nextra: 1\n",
+    }
+    for fragment, text in cases.items():
+        path = tmp_path / "bad.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(fragment)):
+            tables.load_table(path)
+
+
+# ------------------------------------------------------------------ jobs
+def test_jobs_name_their_cell_and_fold_run_changing_overrides_into_the_folder(tmp_path):
+    t = tables.load_table("gep1-mnist")
+    jobs = tables.plan_jobs(t, "cpu", tmp_path, "paper", extra=["train.epochs=3"])
+    assert len(jobs) == 3 * 3  # mechanisms x seeds at eps 2
+    j = jobs[0]
+    assert j.dir == tmp_path / "gep1-mnist" / "cpu+train.epochs=3" / "paper" / (
+        "mechanism=dpsgd,epsilon=2,seed=0"
+    )
+    cfg = compose_cfg(*j.hydra_overrides())
+    assert (cfg.train.epochs, cfg.seed, cfg.out_dir) == (3, 0, str(j.dir))
+    tune = tables.plan_jobs(t, "cpu", tmp_path, "tune")
+    assert len(tune) == 3 * len(t.tune.lr) * 2
+    assert all(compose_cfg(*x.overrides).dataset.validation_size == 5000 for x in tune[:2])
+
+
+def test_pick_best_is_the_best_validation_accuracy_first_on_ties(tmp_path):
+    t = tables.load_table("gep1-mnist")
+    jobs = [j for j in tables.plan_jobs(t, "cpu", tmp_path, "tune") if j.cell["mechanism"] == "gep"]
+    scores = [0.5, 0.9, 0.9, 0.1]
+    for j, s in zip(jobs, scores):
+        j.dir.mkdir(parents=True)
+        (j.dir / "summary.json").write_text(json.dumps({"validation_accuracy": s}))
+    pick = tables.pick_best(t, jobs)["mechanism=gep,epsilon=2"]
+    assert (pick["lr"], pick["clip"]) == jobs[1].point
+    assert "dataset.validation_size=5000" not in pick["overrides"]
+    assert f"optim.lr={jobs[1].point[0]}" in pick["overrides"]
+    (jobs[3].dir / "summary.json").unlink()  # an unfinished grid has no pick yet
+    assert tables.pick_best(t, jobs) == {}
+
+
+# --------------------------------------------------------- tiny real runs
+TINY = """\
+title: Tiny table
+source: a test
+metric: test_accuracy
+kind: table
+layout: {rows: mechanism, columns: epsilon}
+experiment: demo
+axes:
+  mechanism: [dpsgd, gep]
+  epsilon: [2]
+overrides:
+  mechanism: ["mechanism={mechanism}"]
+  epsilon: ["privacy.epsilon={epsilon}"]
+seeds: [0, 1]
+paper:
+  - {mechanism: dpsgd, epsilon: 2, value: 50.0}
+  - {mechanism: gep, epsilon: 2, value: 60.0}
+settings:
+  tiny:
+    note: two steps of a small batch
+    overrides:
+      all: [train.max_steps=2, train.batch_size=64, grads.microbatch=64]
+      gep: [aux=gaussian, aux.num_samples=32, mechanism.num_bases=8]
+tune:
+  validation_size: 100
+  lr: [0.5, 1.0]
+  clip:
+    dpsgd: [[mechanism.clip=1.0]]
+    gep: [[mechanism.clip_embedding=10.0, mechanism.clip_residual=2.0]]
+"""
+
+
+def script(name: str, *args, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "WANDB_SILENT": "true"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / f"{name}.py"), *map(str, args)],
+        cwd=cwd, capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny table reproduced with --tune: real runs of a few steps each."""
+    tmp = tmp_path_factory.mktemp("tables")
+    spec = tmp / "tiny.yaml"
+    spec.write_text(TINY)
+    args = (spec, "--setting", "tiny", "--out", tmp / "runs", "--tune", "logger=disabled",
+            "train.progress=false")  # fmt: skip
+    proc = script("reproduce", *args, cwd=tmp)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp, spec, args, proc
+
+
+def test_reproduce_runs_the_grid_then_the_tuned_picks(tiny):
+    tmp, spec, args, proc = tiny
+    base = tmp / "runs" / "tiny" / "tiny"
+    names = {p.name for p in (base / "paper").iterdir()}
+    assert names == {f"mechanism={m},epsilon=2,seed={s}" for m in ("dpsgd", "gep") for s in (0, 1)}
+    assert len(list((base / "tune").glob("*/summary.json"))) == 4
+    picks = json.loads((base / "tune" / "picks.json").read_text())
+    for cid, pick in picks.items():
+        grid = pick["grid"]
+        assert pick["validation_accuracy"] == max(grid.values())
+        for seed in (0, 1):
+            run = base / "tuned" / f"{cid},seed={seed}"
+            assert json.loads((run / "summary.json").read_text())["steps"] == 2
+            cfg = (run / "config.yaml").read_text()
+            assert f"lr: {pick['lr']}" in cfg and "validation_size: null" in cfg
+    summary = json.loads((base / "paper" / "mechanism=dpsgd,epsilon=2,seed=0" / "summary.json").read_text())
+    assert summary["epsilon"] <= 2.0 and "test_accuracy" in summary
+
+
+def test_reproduce_skips_finished_jobs_and_reuses_identical_ones(tiny):
+    tmp, spec, args, _ = tiny
+    again = script("reproduce", *args, cwd=tmp)
+    assert again.returncode == 0, again.stderr
+    lines = [line for line in again.stdout.splitlines() if line.startswith("phase")]
+    assert lines[0].endswith(": 8 jobs, 8 finished or reused, 0 to run")  # paper + tuning grid
+    assert lines[1].endswith(": 4 jobs, 4 finished or reused, 0 to run")  # tuned picks
+    # a tuned pick equal to the paper's hyper-parameters (demo: lr 1.0) is the same run: a link
+    base = tmp / "runs" / "tiny" / "tiny"
+    picks = json.loads((base / "tune" / "picks.json").read_text())
+    for cid, pick in picks.items():
+        link = base / "tuned" / f"{cid},seed=0"
+        assert link.is_symlink() == (pick["lr"] == 1.0)
+
+
+def test_make_table_renders_the_runs_beside_the_paper(tiny):
+    tmp, spec, _, _ = tiny
+    out = tmp / "results"
+    proc = script("make_table", spec, "--setting", "tiny", "--runs", tmp / "runs", "--out", out,
+                  cwd=tmp)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    dest = out / "tiny" / "tiny"
+    text = (dest / "README.md").read_text()
+    base = tmp / "runs" / "tiny" / "tiny" / "paper"
+    accs = [
+        100 * json.loads((base / f"mechanism=gep,epsilon=2,seed={s}" / "summary.json").read_text())["test_accuracy"]
+        for s in (0, 1)
+    ]
+    mean, std, n = tables.seed_stats(accs)
+    row = next(line for line in text.splitlines() if line.startswith("| gep (paper's"))
+    assert f"| {mean:.2f} ± {std:.2f} (2) | 60 | {mean - 60:+.2f} |" in row
+    assert "4 tuning runs" in text and "not** included" in text
+    assert "commit:" in text and "hardware:" in text and "reproduce.py" in text
+    assert (dest / "accuracy.png").read_bytes().startswith(b"\x89PNG")
+    assert (dest / "projection.png").read_bytes().startswith(b"\x89PNG")  # gep: public data
+    proj = json.loads((dest / "paper" / "mechanism=gep,epsilon=2,seed=0" / "public_projection.json").read_text())
+    assert 0.0 <= proj["mean_gradient"] <= 1.0 + 1e-6 and proj["n_test_examples"] > 0
+    copied = dest / "paper" / "mechanism=dpsgd,epsilon=2,seed=1"
+    assert sorted(p.name for p in copied.iterdir()) == ["config.yaml", "metrics.jsonl", "summary.json"]
+
+
+def test_dry_run_prints_the_grid_and_its_cost_and_runs_nothing(tiny):
+    tmp, spec, args, _ = tiny
+    proc = script("reproduce", spec, "--setting", "tiny", "--out", tmp / "fresh", "--dry-run",
+                  "--timing-steps", "1", "--tune", "logger=disabled", cwd=tmp)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| paper") or
+            line.startswith("| tune")]  # fmt: skip
+    assert len(rows) == 4 + 4 and all("| todo |" in r for r in rows)
+    assert "still to run" in proc.stdout and "estimate" in proc.stdout
+    assert not (tmp / "fresh" / "tiny").exists()  # only the step-time cache was written
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["no-such-table"], "no-such-table"),
+        (["gep1-mnist", "--setting", "gpu"], "--setting"),
+        (["gep1-mnist", "--setting", "cpu", "train.epochs=-1"], "train.epochs"),
+        (["gep1-mnist", "--setting", "cpu", "train.epochz=3"], "epochz"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
+    proc = script("reproduce", *argv, "--out", tmp_path / "out", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and fragment in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+    made = script("make_table", *argv[:3], "--runs", tmp_path / "out", cwd=tmp_path)
+    assert made.returncode == 2 and made.stderr.count("\n") == 1, made.stderr
+
+
+def test_timing_key_ignores_what_does_not_change_a_steps_cost():
+    reproduce = load_script("reproduce")
+    t = tables.load_table("gep1-mnist")
+    cells = {c["epsilon"]: t.overrides_of(c, "paper") for c in t.cells("paper") if c["mechanism"] == "gep"}
+    keys = {reproduce.timing_key(compose_cfg(*ov, f"seed={s}", f"optim.lr={lr}", "mechanism.clip_residual=0.4"))
+            for ov, s, lr in itertools.product(cells.values(), (0, 1), (0.1, 1.0))}  # fmt: skip
+    assert len(keys) == 1
+    other = reproduce.timing_key(compose_cfg(*cells[2], "mechanism.num_bases=250"))
+    assert other not in keys
