@@ -97,6 +97,12 @@ class LoggerSchema:
     tags: list[str] = field(default_factory=list)
 
 
+@dataclass
+class EvalSchema:
+    mia: bool = False
+    mia_examples: int | None = None
+
+
 SCHEMAS = {
     "data": DataSchema,
     "dataset": DatasetSchema,
@@ -105,6 +111,7 @@ SCHEMAS = {
     "train": TrainSchema,
     "grads": GradsSchema,
     "logger": LoggerSchema,
+    "eval": EvalSchema,
 }
 TOP_LEVEL = {
     "seed", "device", "resume", "run_name", "out_dir", "model", "mechanism", "aux", *SCHEMAS
@@ -166,6 +173,8 @@ def validate(cfg: DictConfig) -> DictConfig:
         _require(t.max_steps >= 1, "train.max_steps", "must be >= 1", t.max_steps)
     for k in ("eval_every", "log_every", "checkpoint_every"):
         _require(t[k] >= 0, f"train.{k}", "must be >= 0", t[k])
+    m = typed["eval"].mia_examples
+    _require(m is None or m >= 1, "eval.mia_examples", "must be >= 1 (or null)", m)
     _require(t.eval_batch_size >= 1, "train.eval_batch_size", "must be >= 1", t.eval_batch_size)
 
     g = typed["grads"]

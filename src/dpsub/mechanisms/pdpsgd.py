@@ -74,6 +74,7 @@ class RPDPSGD(Mechanism):
     def current_basis(self, ctx: StepContext) -> tuple[Tensor, dict[str, float]]:
         if self.basis is None or ctx.step - self._basis_step >= self.opts.subspace_every:
             self.basis, metrics = self.fit_basis(ctx)
+            self.engine.broadcast_([self.basis])  # ranks: exactly rank 0's basis
             self._basis_step = ctx.step
             return self.basis, metrics
         return self.basis, {}
@@ -130,7 +131,7 @@ class PDPSGD(RPDPSGD):
         model.eval()
         try:
             labels = self.aux.batch_labels(ctx.rng)  # true labels for public_train
-            return torch.cat([c.grads for c in self.engine.per_example(self.aux.x, labels)])
+            return self.engine.public_gradients(self.aux.x, labels)  # split across ranks
         finally:
             model.train(was_training)
 

@@ -61,6 +61,7 @@ class _CarrierMechanism(Mechanism):
     def current_carriers(self, ctx: StepContext) -> Carriers:
         if self.carriers is None or ctx.step - self._carrier_step >= self.opts.carriers_every:
             self.carriers = self.fit_carriers(ctx)
+            self.engine.broadcast_([t for pair in self.carriers.values() for t in pair])
             self._carrier_step = ctx.step
         return self.carriers
 

@@ -48,6 +48,7 @@ RESUME_MAY_CHANGE = (
     "train.checkpoint_every",
     "train.progress",
     "logger",
+    "eval",  # evaluations after training read the model; they release nothing of the run
 )
 
 

@@ -346,6 +346,23 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
     return _finish(run, cfg, run_dir, logger, checkpoint, stopped_by_budget, private, final_eval)
 
 
+def membership_inference(run: Run, cfg: DictConfig, logger) -> dict:
+    """``eval.mia=true``: attack the final model (``private/mia/*``: not covered by epsilon)."""
+    if not OmegaConf.select(cfg, "eval.mia", default=False):
+        return {}
+    from dpsub.eval.mia import evaluate_run
+
+    result = evaluate_run(run)
+    logger.log(result, run.step)
+    log.warning(
+        "eval.mia=true: membership-inference success %.4f [%.4f, %.4f] on %d examples "
+        "(computed from the private training set without noise: not covered by epsilon)",
+        result["private/mia/success"], result["private/mia/ci_low"],
+        result["private/mia/ci_high"], result["private/mia/examples"],
+    )  # fmt: skip
+    return result
+
+
 def _finish(
     run, cfg, run_dir, logger, checkpoint, stopped_by_budget, private, final_eval
 ) -> RunResult:
@@ -363,6 +380,7 @@ def _finish(
         logger.log({**eval_metrics(run, acc, loss), **eps}, run.step)
     else:
         acc, loss = final_eval
+    mia = membership_inference(run, cfg, logger)
     summary = {
         "steps": run.step,
         "planned_steps": run.total_steps,
@@ -375,7 +393,8 @@ def _finish(
         f"{run.data.eval_split}_accuracy": acc,
         f"{run.data.eval_split}_loss": loss,
         "stopped_by_budget": stopped_by_budget,
-        "covered_by_epsilon": not private and run.mechanism.accounting != "nominal",
+        "covered_by_epsilon": not (private or mia) and run.mechanism.accounting != "nominal",
+        **mia,
     }
     logger.summary(summary)
     logger.close()
