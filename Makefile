@@ -5,7 +5,7 @@ UV := python3 -m uv
 endif
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all lint format bench results clean
+.PHONY: setup demo test test-all lint format bench results table clean
 
 setup:  ## install uv if missing, then the locked environment (.venv)
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -33,6 +33,12 @@ bench: setup  ## step time / memory of every mechanism vs non-private training
 
 results: setup  ## the CPU runs behind results/README.md (reduced GEP-paper setting, ~25 min)
 	bash scripts/run_cpu_results.sh
+
+TABLE ?= gep1-mnist
+SETTING ?= cpu
+table: setup  ## one paper table (conf/paper/): make table TABLE=gep1-cifar10 SETTING=paper [ARGS=--tune] [OVERRIDES=train.epochs=3]
+	$(UV) run --frozen python scripts/reproduce.py $(TABLE) --setting $(SETTING) $(ARGS) $(OVERRIDES)
+	$(UV) run --frozen python scripts/make_table.py $(TABLE) --setting $(SETTING) $(OVERRIDES)
 
 clean:
 	rm -rf outputs/runs outputs/multirun .pytest_cache

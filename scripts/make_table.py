@@ -64,8 +64,12 @@ def collect(table: tables.Table, args) -> dict[str, dict[str, list[tables.Job]]]
     by_variant = {
         "paper": tables.plan_jobs(table, args.setting, args.runs, "paper", **kw),
         "tuned": tables.plan_jobs(
-            table, args.setting, args.runs, "tuned",
-            picks={c: p["overrides"] for c, p in picks.items()}, **kw,
+            table,
+            args.setting,
+            args.runs,
+            "tuned",
+            picks={c: p["overrides"] for c, p in picks.items()},
+            **kw,
         ),  # fmt: skip
         "tune": tune_jobs,
     }
@@ -159,10 +163,16 @@ def fmt(mean: float, std: float, n: int) -> str:
 
 def cell_text(table, found, variant, cell) -> tuple[str, str, str]:
     """(measured, paper, difference) of one cell."""
-    mean, std, n = tables.seed_stats(metric_values(table, found[variant].get(tables.cell_id(cell), [])))
+    mean, std, n = tables.seed_stats(
+        metric_values(table, found[variant].get(tables.cell_id(cell), []))
+    )
     entry = table.paper_cell(cell)
     paper = entry.get("value") if entry else None
-    ptxt = "–" if paper is None else f"{paper:g}" + (f" ± {entry['std']:g}" if entry.get("std") else "")
+    ptxt = (
+        "–"
+        if paper is None
+        else f"{paper:g}" + (f" ± {entry['std']:g}" if entry.get("std") else "")
+    )
     diff = "–" if paper is None or n == 0 else f"{mean - paper:+.2f}"
     return fmt(mean, std, n), ptxt, diff
 
@@ -248,11 +258,19 @@ def plot_metric(table, found, setting: str, proj: dict, out: Path) -> list[Path]
                     pts.append((x, m, s))
             if pts:
                 suffix = ": tuned" if variant == "tuned" else ": paper's hyper-parameters"
-                ax.errorbar(*zip(*pts), fmt=style, color=color, capsize=3, label=label + suffix)
+                ax.errorbar(
+                    *zip(*pts, strict=True), fmt=style, color=color, capsize=3, label=label + suffix
+                )
         ppts = [(x, e["value"]) for x in xs if (e := table.paper_cell({**dict(r), col: x}))
                 and e.get("value") is not None]  # fmt: skip
         if ppts:
-            ax.plot(*zip(*ppts), "x--", color=color, alpha=0.6, label=f"{label}: paper's value")
+            ax.plot(
+                *zip(*ppts, strict=True),
+                "x--",
+                color=color,
+                alpha=0.6,
+                label=f"{label}: paper's value",
+            )
     ax.set_xlabel(table.label("_axis", col))
     ax.set_ylabel(f"{table.metric} (%)" if "accuracy" in table.metric else table.metric)
     ax.set_title(table.title, fontsize=9)
@@ -279,7 +297,9 @@ def plot_projection(table, proj, rows, xs, col, out: Path) -> Path:
             if pts:
                 label = ", ".join(table.label(a, v) for a, v in r)
                 label += " (tuned)" if variant == "tuned" else ""
-                ax.errorbar(*zip(*pts), fmt=style, color=f"C{i}", capsize=3, label=label)
+                ax.errorbar(
+                    *zip(*pts, strict=True), fmt=style, color=f"C{i}", capsize=3, label=label
+                )
     ax.set_xlabel(table.label("_axis", col))
     ax.set_ylabel("relative projection error (test-set gradient)")
     ax.set_title("final model, final anchor subspace; public (test) data", fontsize=9)
@@ -348,7 +368,8 @@ def header(table, args, found) -> list[str]:
         "",
         f"Source: {table.source}",
         "",
-        f"**Setting `{args.setting}`**: {setting.note}" + (f" Overrides: `{extra}`." if extra else ""),
+        f"**Setting `{args.setting}`**: {setting.note}"
+        + (f" Overrides: `{extra}`." if extra else ""),
         "",
         f"- commit: `{git_commit()}`; rendered {dt.datetime.now().isoformat(timespec='minutes')}",
         f"- runs: `{cmd}` (OMP_NUM_THREADS=1), then `python scripts/make_table.py {table.name} "
@@ -378,7 +399,9 @@ def copy_runs(found, dest: Path) -> None:
 def render(table, args) -> Path:
     found = collect(table, args)
     if not any(found[v] for v in ("paper", "tuned")):
-        die(f"no finished runs of {table.name} under {tables.setting_dir(args.runs, table, args.setting, args.extra)}")
+        die(
+            f"no finished runs of {table.name} under {tables.setting_dir(args.runs, table, args.setting, args.extra)}"
+        )
     dest = tables.setting_dir(args.out, table, args.setting, args.extra)
     dest.mkdir(parents=True, exist_ok=True)
     proj = {} if args.no_projection else projections(table, found, args)

@@ -96,8 +96,8 @@ MUTANTS = (
         "non-finite-rows-kept",
         "src/dpsub/grads/clip.py",
         "    ok = finite_rows(g)\n    g = torch.where(ok[:, None], g, torch.zeros_like(g))\n"
-        "    norms = g.norm(dim=1)\n    total",
-        "    ok = finite_rows(g)\n    norms = g.norm(dim=1)\n    total",
+        "    return g, g.norm(dim=1), ok",
+        "    ok = finite_rows(g)\n    return g, g.norm(dim=1), ok",
         ("tests/test_mechanisms.py", "-k", "non_finite"),
     ),
     Mutant(

@@ -295,7 +295,7 @@ def hms(sec: float) -> str:
 
 
 def print_grid(rows, states, args, gpu_factor: float) -> None:
-    say(f"| variant | job | status | N | steps | s/step | est. CPU | est. GPU |")
+    say("| variant | job | status | N | steps | s/step | est. CPU | est. GPU |")
     say("|---|---|---|---:|---:|---:|---:|---:|")
     todo_s = 0.0
     for r in rows:
@@ -445,7 +445,9 @@ def main(argv: list[str] | None = None) -> int:
         compose_all(jobs + tuned)  # every config valid before anything is written
     except ConfigError as e:
         die(str(e))
-    run_phase(jobs, args, hydra_ov, "phase 1 (paper setting" + (" + tuning grid)" if args.tune else ")"))
+    run_phase(
+        jobs, args, hydra_ov, "phase 1 (paper setting" + (" + tuning grid)" if args.tune else ")")
+    )
     if args.tune:
         _, tuned, picks = plan(args, table)
         write_picks(args, picks)

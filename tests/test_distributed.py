@@ -76,6 +76,7 @@ def test_torchrun_on_real_mnist_matches_one_process(tmp_path):
     assert two["test_accuracy"] > 0.7
 
 
+@pytest.mark.slow
 def test_resume_with_a_different_number_of_ranks(tmp_path):
     """Started in one process, killed, resumed under torchrun with two: the same run."""
     from test_train_e2e import DEMO, kill_mid_run
@@ -116,6 +117,7 @@ def worker_pid(local_rank: int, parent: int) -> int | None:
     return None
 
 
+@pytest.mark.slow
 def test_a_failed_rank_stops_the_job_instead_of_hanging(tmp_path):
     args, env = cli_command(
         *SYNTH, "train.epochs=200", "train.log_every=1", run_dir=tmp_path / "run"

@@ -80,7 +80,17 @@ def sweep_size(rest: list[str]) -> int:
     return n
 
 
-@pytest.mark.parametrize("line", list(USAGE))
+#: lines run in the fast suite (the others, each a few training processes, are marked slow)
+FAST = (
+    "uv run dpsub-train",
+    "uv run dpsub-train --help",
+    "uv run dpsub-train --cfg job dataset=cifar10 model=resnet20",
+)
+
+
+@pytest.mark.parametrize(
+    "line", [line if line in FAST else pytest.param(line, marks=pytest.mark.slow) for line in USAGE]
+)
 def test_usage_line_runs(line, tmp_path):
     if any(k in line for k in NEEDS_DATA) and SHARED is None:
         pytest.skip("real data not found")

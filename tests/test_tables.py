@@ -65,7 +65,9 @@ def test_every_cell_composes_in_every_setting(name):
             validate(compose_cfg(*ov))
             if t.tune:
                 for lr, ci in t.tune.points(cell["mechanism"]):
-                    validate(compose_cfg(*ov, *tables.tune_overrides(t.tune, cell["mechanism"], lr, ci)))
+                    validate(
+                        compose_cfg(*ov, *tables.tune_overrides(t.tune, cell["mechanism"], lr, ci))
+                    )
 
 
 #: GEP paper, Section 4: epochs for epsilon 2 / 5 / 8, and delta.
@@ -105,7 +107,9 @@ def test_axis_cells_set_what_they_name():
     names = {c["aux"]: compose_cfg(*t5.overrides_of(c, "paper")).aux for c in t5.cells("paper")}
     assert (names["cifar10_true"].name, names["cifar10_true"].labels) == ("heldout_test", "true")
     assert names["cifar10_random"].labels == "random_per_step"
-    assert names["cifar100_random"].name == "cifar100" and names["imagenet_random"].name == "natural"
+    assert (
+        names["cifar100_random"].name == "cifar100" and names["imagenet_random"].name == "natural"
+    )
 
 
 def _paper_rows(text: str, first: str, last: str) -> list[str]:
@@ -119,7 +123,11 @@ def test_table1_values_are_the_papers():
     """conf/paper/gep1-*.yaml hold the numbers printed in the paper's Table 1."""
     text = PAPER_TEXT.read_text()
     names = {"GP": "dpsgd", "B-GEP": "bgep", "GEP": "gep"}
-    for dataset, heading in (("mnist", "MNIST GP"), ("svhn", "SVHN GP"), ("cifar10", "CIFAR-10 GP")):
+    for dataset, heading in (
+        ("mnist", "MNIST GP"),
+        ("svhn", "SVHN GP"),
+        ("cifar10", "CIFAR-10 GP"),
+    ):
         t = tables.load_table(f"gep1-{dataset}")
         found = 0
         for line in _paper_rows(text, heading, 4):
@@ -128,7 +136,7 @@ def test_table1_values_are_the_papers():
             if name not in names:
                 continue  # PATE
             values = [float(v) for v in re.findall(r"[+-]?\d+\.\d", line)][0::2][:3]
-            for eps, v in zip((2, 5, 8), values):
+            for eps, v in zip((2, 5, 8), values, strict=True):
                 assert t.paper_cell({"mechanism": names[name], "epsilon": eps})["value"] == v
                 found += 1
         assert found == 9
@@ -140,14 +148,14 @@ def test_tables5_and_6_values_are_the_papers():
     t5 = tables.load_table("gep5-aux")
     rows = _paper_rows(text, "CIFAR10 No", 4)
     keys = ["cifar10_true", "cifar10_random", "cifar100_random", "imagenet_random"]
-    for key, line in zip(keys, rows):
+    for key, line in zip(keys, rows, strict=True):
         mean, std = map(float, re.findall(r"\d+\.\d+", line)[-2:])
         entry = t5.paper_cell({"mechanism": "gep", "aux": key})
         assert (entry["value"], entry["std"]) == (mean, std)
     t6 = tables.load_table("gep6-anchors")
-    for mech, line in zip(("bgep", "gep"), _paper_rows(text, "B-GEP 62.2", 2)):
-        pairs = list(zip(*[iter(map(float, re.findall(r"\d+\.\d+", line)))] * 2))
-        for m, (mean, std) in zip((1000, 2000, 4000), pairs):
+    for mech, line in zip(("bgep", "gep"), _paper_rows(text, "B-GEP 62.2", 2), strict=True):
+        pairs = list(zip(*[iter(map(float, re.findall(r"\d+\.\d+", line)))] * 2, strict=True))
+        for m, (mean, std) in zip((1000, 2000, 4000), pairs, strict=True):
             entry = t6.paper_cell({"mechanism": mech, "m": m})
             assert (entry["value"], entry["std"]) == (mean, std)
 
@@ -156,7 +164,9 @@ def test_a_bad_table_file_names_the_key(tmp_path):
     good = (tables.tables_dir() / "gep1-mnist.yaml").read_text()
     cases = {
         "colums": good.replace("columns: epsilon", "colums: epsilon"),
-        "paper[0]": good.replace("{mechanism: dpsgd, epsilon: 2, value: 94.7}", "{mechanism: dpsgd}"),
+        "paper[0]": good.replace(
+            "{mechanism: dpsgd, epsilon: 2, value: 94.7}", "{mechanism: dpsgd}"
+        ),
         "settings.cpu.axes": good.replace("axes: {epsilon: [2]}", "axes: {eps: [2]}"),
         "unknown key": good + "\nextra: 1\n",
     }
@@ -187,7 +197,7 @@ def test_pick_best_is_the_best_validation_accuracy_first_on_ties(tmp_path):
     t = tables.load_table("gep1-mnist")
     jobs = [j for j in tables.plan_jobs(t, "cpu", tmp_path, "tune") if j.cell["mechanism"] == "gep"]
     scores = [0.5, 0.9, 0.9, 0.1]
-    for j, s in zip(jobs, scores):
+    for j, s in zip(jobs, scores, strict=True):
         j.dir.mkdir(parents=True)
         (j.dir / "summary.json").write_text(json.dumps({"validation_accuracy": s}))
     pick = tables.pick_best(t, jobs)["mechanism=gep,epsilon=2"]
@@ -252,6 +262,7 @@ def tiny(tmp_path_factory):
     return tmp, spec, args, proc
 
 
+@pytest.mark.slow  # the tiny table's real runs (~1 min)
 def test_reproduce_runs_the_grid_then_the_tuned_picks(tiny):
     tmp, spec, args, proc = tiny
     base = tmp / "runs" / "tiny" / "tiny"
@@ -267,10 +278,13 @@ def test_reproduce_runs_the_grid_then_the_tuned_picks(tiny):
             assert json.loads((run / "summary.json").read_text())["steps"] == 2
             cfg = (run / "config.yaml").read_text()
             assert f"lr: {pick['lr']}" in cfg and "validation_size: null" in cfg
-    summary = json.loads((base / "paper" / "mechanism=dpsgd,epsilon=2,seed=0" / "summary.json").read_text())
+    summary = json.loads(
+        (base / "paper" / "mechanism=dpsgd,epsilon=2,seed=0" / "summary.json").read_text()
+    )
     assert summary["epsilon"] <= 2.0 and "test_accuracy" in summary
 
 
+@pytest.mark.slow  # the tiny table's real runs (~1 min)
 def test_reproduce_skips_finished_jobs_and_reuses_identical_ones(tiny):
     tmp, spec, args, _ = tiny
     again = script("reproduce", *args, cwd=tmp)
@@ -286,6 +300,7 @@ def test_reproduce_skips_finished_jobs_and_reuses_identical_ones(tiny):
         assert link.is_symlink() == (pick["lr"] == 1.0)
 
 
+@pytest.mark.slow  # the tiny table's real runs (~1 min)
 def test_make_table_renders_the_runs_beside_the_paper(tiny):
     tmp, spec, _, _ = tiny
     out = tmp / "results"
@@ -296,7 +311,10 @@ def test_make_table_renders_the_runs_beside_the_paper(tiny):
     text = (dest / "README.md").read_text()
     base = tmp / "runs" / "tiny" / "tiny" / "paper"
     accs = [
-        100 * json.loads((base / f"mechanism=gep,epsilon=2,seed={s}" / "summary.json").read_text())["test_accuracy"]
+        100
+        * json.loads((base / f"mechanism=gep,epsilon=2,seed={s}" / "summary.json").read_text())[
+            "test_accuracy"
+        ]
         for s in (0, 1)
     ]
     mean, std, n = tables.seed_stats(accs)
@@ -306,19 +324,25 @@ def test_make_table_renders_the_runs_beside_the_paper(tiny):
     assert "commit:" in text and "hardware:" in text and "reproduce.py" in text
     assert (dest / "accuracy.png").read_bytes().startswith(b"\x89PNG")
     assert (dest / "projection.png").read_bytes().startswith(b"\x89PNG")  # gep: public data
-    proj = json.loads((dest / "paper" / "mechanism=gep,epsilon=2,seed=0" / "public_projection.json").read_text())
+    proj = json.loads(
+        (dest / "paper" / "mechanism=gep,epsilon=2,seed=0" / "public_projection.json").read_text()
+    )
     assert 0.0 <= proj["mean_gradient"] <= 1.0 + 1e-6 and proj["n_test_examples"] > 0
     copied = dest / "paper" / "mechanism=dpsgd,epsilon=2,seed=1"
-    assert sorted(p.name for p in copied.iterdir()) == ["config.yaml", "metrics.jsonl", "summary.json"]
+    assert sorted(p.name for p in copied.iterdir()) == [
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+    ]
 
 
+@pytest.mark.slow  # the tiny table's real runs (~1 min)
 def test_dry_run_prints_the_grid_and_its_cost_and_runs_nothing(tiny):
     tmp, spec, args, _ = tiny
     proc = script("reproduce", spec, "--setting", "tiny", "--out", tmp / "fresh", "--dry-run",
                   "--timing-steps", "1", "--tune", "logger=disabled", cwd=tmp)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| paper") or
-            line.startswith("| tune")]  # fmt: skip
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("| paper |", "| tune |"))]
     assert len(rows) == 4 + 4 and all("| todo |" in r for r in rows)
     assert "still to run" in proc.stdout and "estimate" in proc.stdout
     assert not (tmp / "fresh" / "tiny").exists()  # only the step-time cache was written
@@ -345,7 +369,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
 def test_timing_key_ignores_what_does_not_change_a_steps_cost():
     reproduce = load_script("reproduce")
     t = tables.load_table("gep1-mnist")
-    cells = {c["epsilon"]: t.overrides_of(c, "paper") for c in t.cells("paper") if c["mechanism"] == "gep"}
+    cells = {
+        c["epsilon"]: t.overrides_of(c, "paper")
+        for c in t.cells("paper")
+        if c["mechanism"] == "gep"
+    }
     keys = {reproduce.timing_key(compose_cfg(*ov, f"seed={s}", f"optim.lr={lr}", "mechanism.clip_residual=0.4"))
             for ov, s, lr in itertools.product(cells.values(), (0, 1), (0.1, 1.0))}  # fmt: skip
     assert len(keys) == 1

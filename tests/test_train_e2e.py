@@ -208,10 +208,10 @@ def kill_mid_run(run_dir: Path, overrides, sig: int) -> int:
 @pytest.mark.parametrize(
     "mech,sig",
     [
-        ("dpsgd", signal.SIGTERM),
-        ("dpsgd", signal.SIGKILL),
-        ("gep", signal.SIGTERM),
-        ("gep", signal.SIGKILL),
+        pytest.param("dpsgd", signal.SIGTERM, marks=pytest.mark.slow),
+        pytest.param("dpsgd", signal.SIGKILL, marks=pytest.mark.slow),
+        pytest.param("gep", signal.SIGTERM, marks=pytest.mark.slow),
+        ("gep", signal.SIGKILL),  # the hardest case stays in the fast suite
     ],
 )
 def test_kill_and_resume_reaches_the_same_run(tmp_path, references, mech, sig):

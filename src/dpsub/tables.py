@@ -123,7 +123,9 @@ class Table:
     def cells(self, setting: str = "paper") -> list[dict]:
         """The grid's cells (axis -> value), in axis order, restricted by the setting."""
         axes = {**self.axes, **self.setting(setting).axes}
-        return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+        return [
+            dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())
+        ]
 
     def seeds_of(self, setting: str) -> list[int]:
         s = self.setting(setting).seeds
@@ -203,7 +205,10 @@ def _parse(path: Path, raw: dict) -> Table:
     if kind not in ("table", "figure"):
         raise ConfigError(f"{path}: kind: table or figure, got {kind!r}")
     layout = _need(path, raw, "layout", dict)
+    roles = {"table": ("rows", "columns"), "figure": ("x", "lines")}[kind]
     for role, axis in layout.items():
+        if role not in roles:
+            raise ConfigError(f"{path}: layout.{role}: unknown role (a {kind} has {roles})")
         if axis not in axes:
             raise ConfigError(f"{path}: layout.{role}: {axis!r} is not an axis")
     settings = {}
@@ -216,12 +221,18 @@ def _parse(path: Path, raw: dict) -> Table:
         if bad:
             raise ConfigError(f"{path}: settings.{sname}.{sorted(bad)[0]}: unknown key")
         settings[sname] = Setting(
-            sname, s.get("note", ""), s.get("overrides", []), s.get("axes", {}), s.get("seeds"),
+            sname,
+            s.get("note", ""),
+            s.get("overrides", []),
+            s.get("axes", {}),
+            s.get("seeds"),
             s.get("axis_overrides", {}),
         )
     tune = raw.get("tune")
     if tune is not None:
-        tune = Tune(int(tune["validation_size"]), int(tune.get("seed", 0)), tune["lr"], tune["clip"])
+        tune = Tune(
+            int(tune["validation_size"]), int(tune.get("seed", 0)), tune["lr"], tune["clip"]
+        )
     paper = _need(path, raw, "paper", list)
     for i, entry in enumerate(paper):
         if set(axes) - set(entry) or "value" not in entry:
@@ -308,7 +319,9 @@ def plan_jobs(
             for lr, ci in tune.points(cell["mechanism"]):
                 ov = [*cov, *tune_overrides(tune, cell["mechanism"], lr, ci), f"seed={tune.seed}"]
                 d = base / f"{cid},lr={lr},clip={ci}"
-                jobs.append(Job(table.name, setting, variant, cell, tune.seed, ov + tail, d, (lr, ci)))
+                jobs.append(
+                    Job(table.name, setting, variant, cell, tune.seed, ov + tail, d, (lr, ci))
+                )
             continue
         pick = []
         if variant == "tuned":
@@ -317,7 +330,17 @@ def plan_jobs(
             pick = picks[cid]
         for seed in table.seeds_of(setting):
             d = base / f"{cid},seed={seed}"
-            jobs.append(Job(table.name, setting, variant, cell, seed, [*cov, *pick, f"seed={seed}", *tail], d))
+            jobs.append(
+                Job(
+                    table.name,
+                    setting,
+                    variant,
+                    cell,
+                    seed,
+                    [*cov, *pick, f"seed={seed}", *tail],
+                    d,
+                )
+            )
     return jobs
 
 
@@ -360,7 +383,7 @@ def pick_best(table: Table, jobs: list[Job]) -> dict[str, dict]:
             "clip": ci,
             "overrides": tune_overrides(table.tune, mech, lr, ci, validation=False),
             "validation_accuracy": scores[best],
-            "grid": {j.name: s for j, s in zip(cjobs, scores)},
+            "grid": {j.name: s for j, s in zip(cjobs, scores, strict=True)},
         }
     return picks
 

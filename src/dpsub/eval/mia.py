@@ -148,7 +148,7 @@ def evaluate_run(run: Run, examples: int | None = None, seed: int | None = None)
     """
     cfg = run.cfg
     if examples is None:
-        examples = OmegaConf.select(cfg, "eval.mia_examples", default=DEFAULT_EXAMPLES)
+        examples = OmegaConf.select(cfg, "eval.mia_examples", default=None) or DEFAULT_EXAMPLES
     seed = cfg.seed if seed is None else seed
     gen = torch.Generator().manual_seed(int(seed) + 7_919)  # public: which examples are asked
     data, bs = run.data, int(cfg.train.eval_batch_size)
