@@ -303,6 +303,19 @@ def test_resume_refuses_an_edited_config_file(tmp_path, finished_run):
     assert proc.returncode == 2 and "privacy.delta" in proc.stderr
 
 
+def test_resume_of_a_run_saved_before_a_config_group_existed(tmp_path, finished_run):
+    """A run dir from an older dpsub (no ``eval:`` group) resumes with the group's defaults."""
+    import yaml
+
+    run_dir = copy_run(finished_run, tmp_path / "run")
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    del cfg["eval"]
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    proc = run_cli(f"resume={run_dir}", check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "final: test accuracy" in proc.stdout + proc.stderr
+
+
 def test_resume_of_a_missing_or_empty_dir_fails_and_creates_nothing(tmp_path):
     proc = run_cli(f"resume={tmp_path / 'typo'}", check=False)
     assert proc.returncode == 2 and "typo" in proc.stderr

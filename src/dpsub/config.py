@@ -146,7 +146,8 @@ def validate(cfg: DictConfig) -> DictConfig:
 
     for key in cfg:
         _require(key in TOP_LEVEL, str(key), "unknown top-level key", key)
-    typed = {g: _typed(g, cfg[g]) for g in SCHEMAS}
+    # a group a run saved by an older dpsub lacks (resume) takes the schema's defaults
+    typed = {g: _typed(g, cfg.get(g) or {}) for g in SCHEMAS}
 
     p = typed["privacy"]
     _require(p.epsilon > 0, "privacy.epsilon", "must be > 0", p.epsilon)
