@@ -106,3 +106,17 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(5400))
+
+
+def loop_grads(model, x, y):
+    """Per-example gradients by single-example backward passes (the independent reference)."""
+    import torch
+    import torch.nn.functional as F
+
+    rows = []
+    for i in range(x.shape[0]):
+        model.zero_grad()
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    model.zero_grad()
+    return torch.stack(rows)

@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dpsub.data.aux import AuxData
@@ -19,6 +18,8 @@ from dpsub.data.sampling import PoissonSampler, ShuffleSampler, seeded_uniform
 from dpsub.grads import GradEngine
 from dpsub.mechanisms import StepContext, build_mechanism
 from dpsub.privacy import Privatizer, SeededNoise
+
+from conftest import loop_grads
 
 torch.set_num_threads(2)
 
@@ -61,17 +62,6 @@ def setup(name, n=40, seed=0, aux_m=64, **opts):
         )
     mech.setup(engine, aux)
     return model, engine, mech, x, y
-
-
-def loop_grads(model, x, y):
-    """Per-example gradients by a Python loop: the independent reference."""
-    rows = []
-    for i in range(x.shape[0]):
-        model.zero_grad()
-        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
-        rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
-    model.zero_grad()
-    return torch.stack(rows)
 
 
 def ctx(seed=0, B=40.0, step=0, z=0.0):

@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dpsub.data.aux import AuxData
@@ -21,7 +20,7 @@ from dpsub.mechanisms import StepContext, build_mechanism
 from dpsub.privacy import Privatizer, SeededNoise
 from dpsub.training.run import build_run, train_step
 
-from conftest import SYNTH, compose_cfg
+from conftest import SYNTH, compose_cfg, loop_grads
 
 torch.set_num_threads(2)
 
@@ -62,17 +61,6 @@ def ctx(seed=0, z=0.0, step=0, B=40.0, diagnostics=False):
     noise = Privatizer(SeededNoise(torch.Generator().manual_seed(seed)))
     rng = torch.Generator().manual_seed(10_000 + seed)
     return StepContext(step, 100, B, z, noise, rng, diagnostics)
-
-
-def loop_grads(model, x, y):
-    """Per-example gradients by single-example backward passes (the independent reference)."""
-    rows = []
-    for i in range(x.shape[0]):
-        model.zero_grad()
-        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
-        rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
-    model.zero_grad()
-    return torch.stack(rows)
 
 
 def dense_top_projector(model, aux, k):
