@@ -143,6 +143,34 @@ MUTANTS = (
         "Privatizer(source, reduce=None)",
         ("tests/test_distributed.py", "-k", "release_what"),
     ),
+    Mutant(
+        "rgp-half-noise",
+        "src/dpsub/mechanisms/rgp.py",
+        "        std = 0.0 if ctx.z == 0 else ctx.z * self.opts.clip  # z=0: noise off (tests)",
+        "        std = 0.0 if ctx.z == 0 else ctx.z * self.opts.clip / 2",
+        ("tests/test_rgp.py", "-k", "records_give"),
+    ),
+    Mutant(
+        "pdpsgd-half-noise",
+        "src/dpsub/mechanisms/pdpsgd.py",
+        "        std = ctx.z * o.clip\n",
+        "        std = ctx.z * o.clip / 2\n",
+        ("tests/test_pdpsgd.py", "-k", "epsilon_equals"),
+    ),
+    Mutant(
+        "dphero-charged-the-nominal-multiplier",
+        "src/dpsub/mechanisms/dphero.py",
+        '        self.accounting = "planned" if self.floor else self.opts.accounting',
+        '        self.accounting = "nominal"',
+        ("tests/test_dphero.py", "-k", "honest or accounting_option"),
+    ),
+    Mutant(
+        "dphero-floor-dropped",
+        "src/dpsub/mechanisms/dphero.py",
+        "                s = s.clamp_min(1.0)",
+        "                s = s",
+        ("tests/test_dphero.py", "-k", "floor"),
+    ),
 )
 
 
