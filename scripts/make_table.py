@@ -158,7 +158,9 @@ def col_axis(table: tables.Table) -> str | None:
 
 
 def fmt(mean: float, std: float, n: int) -> str:
-    return "–" if n == 0 else f"{mean:.2f} ± {std:.2f} ({n})"
+    if n <= 1:  # no spread from a single seed
+        return "–" if n == 0 else f"{mean:.2f} (1)"
+    return f"{mean:.2f} ± {std:.2f} ({n})"
 
 
 def cell_text(table, found, variant, cell) -> tuple[str, str, str]:
