@@ -101,6 +101,13 @@ def test_non_members_exclude_what_the_aux_source_took():
     assert evaluate_run(run, examples=1000)["private/mia/examples"] == 20
 
 
+def test_example_count_defaults_when_the_config_leaves_it_null():
+    """conf/config.yaml says ``eval.mia_examples: null``: 10,000, capped by the data."""
+    run = synth_run("dataset.synthetic.n_train=64", "dataset.synthetic.n_test=64")
+    assert OmegaConf.select(run.cfg, "eval.mia_examples", default=0) is None
+    assert evaluate_run(run)["private/mia/examples"] == 64
+
+
 def test_evaluate_run_touches_neither_model_nor_training_randomness():
     run = synth_run()
     before = [p.detach().clone() for p in run.model.parameters()]

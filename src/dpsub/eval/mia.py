@@ -147,8 +147,9 @@ def evaluate_run(run: Run, examples: int | None = None, seed: int | None = None)
     ``eval.mia_examples`` (else :data:`DEFAULT_EXAMPLES`), ``seed`` to the run seed.
     """
     cfg = run.cfg
-    if examples is None:
-        examples = OmegaConf.select(cfg, "eval.mia_examples", default=None) or DEFAULT_EXAMPLES
+    if examples is None:  # conf/config.yaml sets ``eval.mia_examples: null``
+        examples = OmegaConf.select(cfg, "eval.mia_examples", default=None)
+    examples = DEFAULT_EXAMPLES if examples is None else examples
     seed = cfg.seed if seed is None else seed
     gen = torch.Generator().manual_seed(int(seed) + 7_919)  # public: which examples are asked
     data, bs = run.data, int(cfg.train.eval_batch_size)
