@@ -51,3 +51,4 @@ if __name__ == "__main__":
     result = released(overrides, dist)
     if dist.main:
         torch.save(result, out)
+    dist.shutdown()

@@ -86,6 +86,12 @@ class Dist:
             out[r :: self.world] = part[:n]
         return out
 
+    def shutdown(self) -> None:
+        """Leave the process group together: a rank that exits alone can abort the others."""
+        if self.active and tdist.is_initialized():
+            tdist.barrier()
+            tdist.destroy_process_group()
+
     def shard(self, idx: Tensor) -> Tensor:
         """This rank's share of a batch's indices."""
         return idx[self.rank :: self.world] if self.active else idx

@@ -259,9 +259,11 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
             OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         detach_log = attach_run_log(run_dir / "train.log")
     try:
-        return _loop(run, cfg, run_dir)
+        result = _loop(run, cfg, run_dir)
     finally:
         detach_log()
+    dist.shutdown()
+    return result
 
 
 def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
