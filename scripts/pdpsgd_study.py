@@ -34,6 +34,7 @@ PAPER_EPS = {
     "mnist": {4: 1.09, 6: 0.72, 8: 0.53, 10: 0.42, 14: 0.30, 18: 0.23},
     "fashion_mnist": {2: 2.41, 4: 1.09, 6: 0.72, 10: 0.42, 14: 0.30, 18: 0.23},
 }
+DATASET_NAMES = {"mnist": "MNIST", "fashion_mnist": "Fashion-MNIST"}
 #: The sigma of the paper's largest epsilon at which PDP-SGD beats DP-SGD (Section 5).
 PAPER_THRESHOLD_SIGMA = {"mnist": 10, "fashion_mnist": 6}
 CSV_FIELDS = ("dataset", "mechanism", "sigma", "seed", "lr", "epochs", "steps", "epsilon",
@@ -69,8 +70,9 @@ def read(run: Path) -> dict:
 
 
 def mean_std(xs: list[float]) -> str:
-    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{100 * statistics.mean(xs):.2f} +- {100 * sd:.2f}"
+    """Mean +- std in percent; the mean alone for a single seed."""
+    m = f"{100 * statistics.mean(xs):.2f}"
+    return f"{m} +- {100 * statistics.stdev(xs):.2f}" if len(xs) > 1 else m
 
 
 def mean(rs: list[dict], key: str) -> float:
@@ -110,11 +112,13 @@ def tables(runs: list[dict]) -> str:
     for ds in sorted({r["dataset"] for r in runs}):
         lrs = [f"{LABELS[m]} {lr_of(runs, ds, m)}" for m in MECHS]
         for key, title in TITLES.items():
-            out.append(f"\n### {ds}: {title} (%), mean +- std over seeds (lr: {', '.join(lrs)})\n")
+            out.append(
+                f"\n### {ds}: {title} (%), mean +- std over seeds where > 1 (lr: {', '.join(lrs)})\n"
+            )
             names = " | ".join(LABELS[m] for m in MECHS)
             out.append(f"| sigma | paper eps | our eps (RDP) | {names} | PDP - DP-SGD | seeds |")
             out.append("|---:|---:|---:|" + "---:|" * len(MECHS) + "---:|---:|")
-            sigmas = sorted({r["sigma"] for r in runs if r["dataset"] == ds})
+            sigmas = sorted({r["sigma"] for r in runs if r["dataset"] == ds}, reverse=True)
             out += [table_row(ds, sigma, groups, key) for sigma in sigmas]
     return "\n".join(out) + "\n"
 
@@ -144,8 +148,9 @@ def figure(runs: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    datasets = sorted({r["dataset"] for r in runs})
+    datasets = sorted({r["dataset"] for r in runs}, key=lambda d: (d != "mnist", d))
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4), squeeze=False)
     for ax, ds in zip(axes[0], datasets, strict=True):
         for m in MECHS:
@@ -163,10 +168,13 @@ def figure(runs: list[dict], path: Path) -> None:
             ax.errorbar(eps, acc, yerr=err, marker="o", capsize=3, label=LABELS[m])
         mark_threshold(ax, [r for r in runs if r["dataset"] == ds], ds)
         ax.set_xscale("log")
+        ticks = sorted({round(r["epsilon"], 2) for r in runs if r["dataset"] == ds})
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_xlabel("epsilon (ours: RDP, delta = 1e-5)")
         ax.set_ylabel("final test accuracy (%)")
         epochs = "/".join(str(e) for e in sorted({r["epochs"] for r in runs if r["dataset"] == ds}))
-        ax.set_title(f"{ds}: N = 10,000, B = 250, {epochs} epochs")
+        ax.set_title(f"{DATASET_NAMES.get(ds, ds)}: N = 10,000, B = 250, {epochs} epochs")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
