@@ -190,6 +190,33 @@ def test_per_example_conv_gradients_in_blocks(monkeypatch):
     assert_matches(clipper.clipped_sum(x, y, ref.clip), ref)
 
 
+@pytest.mark.parametrize(
+    "conv",
+    [
+        nn.Conv2d(1, 16, 8, stride=2, padding=3),
+        nn.Conv2d(3, 4, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2)),
+        nn.Conv2d(2, 5, 3, padding="same", padding_mode="reflect", bias=False),
+        nn.Conv2d(3, 4, 3, stride=3, dilation=2),
+    ],
+    ids=["mnist-first", "strided-dilated", "reflect-same", "stride-3"],
+)
+def test_per_example_conv_gradients_of_a_first_layer(conv):
+    """The few-channel path (input channels as the batch) equals vmap of the weight gradient."""
+    torch.manual_seed(0)
+    a = torch.randn(5, conv.in_channels, 13, 11)
+    g = torch.randn_like(conv(a))
+    lay = ghost._layers(conv)[0]
+    assert lay.params["weight"].shape[1] <= ghost._FEW_CHANNELS
+
+    def weight_grad(ai, gi):
+        w = conv.weight.detach()
+        _, pull = torch.func.vjp(lambda w: functional_call(conv, {"weight": w}, (ai[None],)), w)
+        return pull(gi[None])[0]
+
+    want = vmap(weight_grad)(a, g)
+    torch.testing.assert_close(ghost._per_example(lay, a, g), want, rtol=1e-5, atol=1e-5)
+
+
 def test_auto_mixes_ghost_and_materialization():
     """mnist_cnn: convolutions (T = 196, 25) are materialized, Linears (T = 1) ghost-normed."""
     model, shape = make("mnist_cnn")

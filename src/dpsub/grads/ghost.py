@@ -80,6 +80,9 @@ STRATEGIES = ("auto", "ghost", "materialize")
 # as fit in this many bytes (cache-sized blocks: ~2x faster on resnet20's 64-channel layers
 # than the whole batch at once, measured with 1 thread); on a GPU the whole batch at once.
 _CPU_BLOCK_BYTES = 1 << 21
+# A convolution with at most this many input channels (a first layer) gets its per-example
+# gradients on the CPU from one grouped convolution over the input channels.
+_FEW_CHANNELS = 3
 
 
 class GhostError(RuntimeError):
@@ -308,6 +311,8 @@ def _per_example(lay: _Layer, a: Tensor, g: Tensor) -> Tensor:
         A, B = _patches(lay, a, g)
         return torch.bmm(B.mT, A).view(b, *shape)
     a, pad = _conv_in(m, a)
+    if not g.is_cuda and m.groups == 1 and shape[1] <= _FEW_CHANNELS:
+        return _per_example_few_channels(m, a, g, pad)
     G = g.new_empty(b, *shape)
     k = b if g.is_cuda else max(1, _CPU_BLOCK_BYTES // (shape.numel() * g.element_size()))
     for s in range(0, b, k):
@@ -318,6 +323,23 @@ def _per_example(lay: _Layer, a: Tensor, g: Tensor) -> Tensor:
             gk.reshape(1, -1, *g.shape[2:]), m.stride, pad, m.dilation, m.groups * n,
         ).view(n, *shape)  # fmt: skip
     return G
+
+
+def _per_example_few_channels(m: nn.Conv2d, a: Tensor, g: Tensor, pad) -> Tensor:
+    """``grad_W(i)[o, c] = sum_t a_i[c, dil * k + stride * t] g_i[o, t]`` for all i in one
+    convolution: the input channels are the batch, example i's output gradients are the
+    filters of group i (``b`` groups), dilated by the stride, strided by the dilation.
+    On the CPU ~1.5x faster than the folded weight gradient for a first layer (1-3 input
+    channels, many positions; measured with 1 thread), slower for wide layers."""
+    b, out, (kh, kw) = g.shape[0], g.shape[1], m.kernel_size
+    if any(pad):
+        a = F.pad(a, (pad[1], pad[1], pad[0], pad[0]))
+    r = F.conv2d(
+        a.transpose(0, 1), g.reshape(b * out, 1, *g.shape[2:]),
+        stride=m.dilation, dilation=m.stride, groups=b,
+    )  # fmt: skip
+    r = r[..., :kh, :kw].reshape(a.shape[1], b, out, kh, kw)
+    return r.permute(1, 2, 0, 3, 4).contiguous()
 
 
 def _summed(lay: _Layer, a: Tensor, g: Tensor) -> Tensor:
@@ -393,7 +415,7 @@ def _matmul_layer(lay: _Layer, chunk: _Chunk, strategy: str) -> str:
         if lay.shared or chunk.keep(G):
             chunk.add(name, G)
             return "materialize"
-        chunk.sq += G.flatten(1).square().sum(1)
+        chunk.sq += _sq_norms(G)
         choice = "materialize"
     chunk.later.append((name, functools.partial(_book, lay, io)))
     return choice
@@ -601,12 +623,17 @@ class GhostClipper:
                 choice = _fallback_layer(lay, chunk)
             self.choices[lay.name] = choice
             lay.calls = []
-        sq = chunk.sq + sum(g.flatten(1).square().sum(1) for g in chunk.mat.values())
+        sq = chunk.sq + sum(_sq_norms(g) for g in chunk.mat.values())
         bad = ~torch.isfinite(loss) | ~torch.isfinite(sq)
         norms = torch.where(bad, 0.0, sq.sqrt())
         c = torch.where(bad, 0.0, clip_factors(norms, clip))
         sums = _bookkeep(chunk, c, bad if bool(bad.any()) else None)
         return [norms, loss, logits.argmax(1) == y, bad, sums]
+
+
+def _sq_norms(g: Tensor) -> Tensor:
+    """Squared norms of the rows of ``g`` (b, ...), in one pass (no squared temporary)."""
+    return torch.linalg.vector_norm(g.flatten(1), dim=1).square()
 
 
 def _total(ts: Iterable[Tensor]) -> Tensor:
