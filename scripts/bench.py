@@ -71,6 +71,9 @@ except ImportError:  # running from a checkout without the package installed
 
 from dpsub.config import validate  # noqa: E402
 from dpsub.grads import BACKENDS  # noqa: E402
+
+#: a backend, or vmap with grads.compile=true (torch.compile of the per-example function)
+CHOICES = (*BACKENDS, "vmap+compile")
 from dpsub.mechanisms.options import SPECS  # noqa: E402
 from dpsub.models import count_parameters  # noqa: E402
 from dpsub.training.run import build_run, train_step  # noqa: E402
@@ -136,7 +139,8 @@ def run_overrides(model: str, mech: str, backend: str, options: dict, args) -> l
         f"train.batch_size={args.batch_size}",
         "train.epochs=100000",
         f"grads.microbatch={args.microbatch}",
-        f"grads.backend={backend}",
+        f"grads.backend={backend.partition('+')[0]}",
+        f"grads.compile={str(backend.endswith('+compile')).lower()}",
         "privacy.noise_multiplier=1.0",
         "privacy.epsilon=1e12",  # the budget never stops a benchmark
         f"device={args.device}",
@@ -466,8 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-steps", type=int, default=1,
                    help="untimed first steps per run for peak memory (then >= 1 warmup step)")  # fmt: skip
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--backend", default="vmap", choices=BACKENDS, help="per-example gradients")
-    p.add_argument("--backends", nargs="+", default=None, choices=BACKENDS,
+    p.add_argument("--backend", default="vmap", choices=CHOICES, help="per-example gradients")
+    p.add_argument("--backends", nargs="+", default=None, choices=CHOICES,
                    help="run the mechanisms of --backends-for once per backend")  # fmt: skip
     p.add_argument("--backends-for", nargs="+", default=["dpsgd"],
                    help="mechanisms that --backends applies to ('all': every one)")  # fmt: skip

@@ -95,10 +95,18 @@ MUTANTS = (
     Mutant(
         "non-finite-rows-kept",
         "src/dpsub/grads/clip.py",
-        "    ok = finite_rows(g)\n    g = torch.where(ok[:, None], g, torch.zeros_like(g))\n"
-        "    return g, g.norm(dim=1), ok",
-        "    ok = finite_rows(g)\n    return g, g.norm(dim=1), ok",
+        "    parts = [torch.where(ok.view(-1, *[1] * (t.dim() - 1)), t, torch.zeros_like(t)) "
+        "for t in parts]\n",
+        "",
         ("tests/test_mechanisms.py", "-k", "non_finite"),
+    ),
+    Mutant(
+        "clip-factor-on-the-first-parameter-only",
+        "src/dpsub/grads/clip.py",
+        "    total = torch.cat([c @ _rows(t) for t in parts])",
+        "    total = torch.cat([(c if i == 0 else torch.ones_like(c)) @ _rows(t) "
+        "for i, t in enumerate(parts)])",
+        ("tests/test_mechanisms.py", "-k", "sensitivity_is_clip"),
     ),
     Mutant(
         "budget-guard-refuses-everything",

@@ -16,10 +16,12 @@ from torch import nn
 from dpsub.data.aux import AuxData
 from dpsub.data.sampling import PoissonSampler, ShuffleSampler, seeded_uniform
 from dpsub.grads import GradEngine
+from dpsub.grads.clip import ClipStats, clip_rows, clipped_sum
 from dpsub.mechanisms import StepContext, build_mechanism
 from dpsub.privacy import Privatizer, SeededNoise
+from dpsub.training.run import build_run, train_step
 
-from conftest import loop_grads
+from conftest import SYNTH, compose_cfg, loop_grads
 
 torch.set_num_threads(2)
 
@@ -98,6 +100,33 @@ def test_engine_matches_loop(backend, net):
     torch.testing.assert_close(G, loop_grads(model, x, y), rtol=1e-4, atol=1e-6)
 
 
+def test_grads_compile_wraps_the_per_example_function_with_dynamic_shapes(monkeypatch):
+    """``grads.compile`` reaches the engine from the config and compiles with dynamic shapes
+    (Poisson batch sizes vary); the compiled function's rows are clipped as any others."""
+    calls = []
+
+    def fake_compile(fn, **kw):
+        calls.append(kw)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    run = build_run(compose_cfg(*SYNTH, "mechanism=dpsgd", "grads.compile=true"))
+    assert run.engine.compile
+    train_step(run)
+    assert calls == [{"dynamic": True}]
+
+
+@pytest.mark.slow
+def test_compiled_clipped_sum_equals_eager():
+    """torch.compile of the vmap per-example function (micro-batches of 4, 4 and 2)."""
+    torch.manual_seed(0)
+    model, x, y = ConvGN(), torch.randn(10, 1, 8, 8), torch.randint(0, 3, (10,))
+    want = GradEngine(model, microbatch=4).clipped_sum(x, y, 0.1)
+    got = GradEngine(model, microbatch=4, compile=True).clipped_sum(x, y, 0.1)
+    torch.testing.assert_close(got.sum.value, want.sum.value, rtol=1e-4, atol=1e-6)
+    assert got.stats.clip == want.stats.clip
+
+
 # --------------------------------------------------------------------- DP-SGD
 def test_dpsgd_noise_free_release_is_clipped_mean():
     model, engine, mech, x, y = setup("dpsgd", clip=0.05)
@@ -168,6 +197,24 @@ def test_dpsgd_drops_a_non_finite_example_and_counts_it():
     assert torch.isfinite(out.grad).all()
     torch.testing.assert_close(out.grad, ref, rtol=1e-5, atol=1e-8)
     assert out.stats.clip.nonfinite == 1 and out.stats.clip.n == 40
+
+
+def test_clipped_sum_of_parts_equals_the_flat_rows():
+    """Rows split over per-parameter parts clip exactly as the concatenated rows, including
+    a row non-finite in one part only and a finite row whose norm overflows (dropped)."""
+    g = torch.randn(6, 10, generator=torch.Generator().manual_seed(0))
+    g[1, :3] = 1e30  # finite entries, norm overflows to inf in float32: factor 0
+    g[2, 8] = float("nan")  # non-finite in the last part only
+    g[4, 0] = float("inf")  # ... in the first part only
+    parts = [g[:, :3], g[:, 3:7].reshape(6, 2, 2), g[:, 7:]]
+    flat, flat_stats = clipped_sum(g.clone(), 0.7)
+    split, split_stats = clipped_sum([p.contiguous() for p in parts], 0.7)
+    assert torch.isfinite(split.value).all() and split.sensitivity == 0.7
+    torch.testing.assert_close(split.value, flat.value, rtol=1e-6, atol=1e-7)
+    assert split_stats == flat_stats == ClipStats(6, flat_stats.clipped, 2)
+    keep = torch.tensor([True, False, False, True, False, True])
+    want = clip_rows(g[keep], 0.7)[0].sum(0)
+    torch.testing.assert_close(split.value, want, rtol=1e-6, atol=1e-7)
 
 
 def test_nonprivate_is_exact_mean_and_releases_nothing_through_the_privatizer():

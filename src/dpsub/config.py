@@ -85,6 +85,7 @@ class TrainSchema:
 class GradsSchema:
     backend: str = "vmap"
     microbatch: int = 256
+    compile: bool = False
 
 
 @dataclass

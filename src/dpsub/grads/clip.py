@@ -28,6 +28,29 @@ def clip_factors(norms: Tensor, bound: float) -> Tensor:
     return torch.where(torch.isfinite(norms), factor, torch.zeros_like(factor))
 
 
+def _rows(t: Tensor) -> Tensor:
+    """``t`` (b, ...) as (b, n) rows (a view when ``t`` is contiguous)."""
+    return t.reshape(t.shape[0], -1)
+
+
+def row_norms(parts: list[Tensor]) -> Tensor:
+    """L2 norm of each example's row, the row split over ``parts`` ((b, ...) tensors)."""
+    norms = [torch.linalg.vector_norm(_rows(t), dim=1) for t in parts]
+    return norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms), dim=0)
+
+
+def finite_norms_parts(parts: list[Tensor]) -> tuple[list[Tensor], Tensor, Tensor]:
+    """:func:`finite_norms` of rows split over ``parts`` (e.g. per-parameter per-example
+    gradients), without concatenating them."""
+    norms = row_norms(parts)
+    finite = torch.isfinite(norms)
+    if bool(finite.all()):
+        return parts, norms, finite
+    ok = torch.stack([finite_rows(_rows(t)) for t in parts]).all(0)
+    parts = [torch.where(ok.view(-1, *[1] * (t.dim() - 1)), t, torch.zeros_like(t)) for t in parts]
+    return parts, row_norms(parts), ok
+
+
 def finite_norms(g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(g, norms, ok)``: row norms, with the rows holding a non-finite entry zeroed.
 
@@ -35,13 +58,8 @@ def finite_norms(g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     makes its row's norm non-finite); only then is the exact mask computed and ``g``
     copied. A finite row whose norm overflows keeps ok = True and norm inf (clip factor 0).
     """
-    norms = g.norm(dim=1)
-    finite = torch.isfinite(norms)
-    if bool(finite.all()):
-        return g, norms, finite
-    ok = finite_rows(g)
-    g = torch.where(ok[:, None], g, torch.zeros_like(g))
-    return g, g.norm(dim=1), ok
+    (g,), norms, ok = finite_norms_parts([g])
+    return g, norms, ok
 
 
 def clip_rows(g: Tensor, bound: float) -> tuple[Tensor, Tensor]:
@@ -67,14 +85,17 @@ class ClipStats:
         )
 
 
-def clipped_sum(g: Tensor, bound: float) -> tuple[Sensitive, ClipStats]:
+def clipped_sum(g: Tensor | list[Tensor], bound: float) -> tuple[Sensitive, ClipStats]:
     """``sum_i min(1, C / ||g_i||) g_i`` over the finite rows, with sensitivity C.
 
-    Two passes over ``g`` (norms, then one vector-matrix product) and no (b, p) temporary.
+    ``g``: the (b, p) rows, or a list of (b, ...) parts of them (per-parameter per-example
+    gradients; the sum is their flat concatenation, never formed for the rows). Two passes
+    over ``g`` (norms, then one vector-matrix product per part) and no (b, p) temporary.
     """
-    g, norms, ok = finite_norms(g)
-    total = clip_factors(norms, bound) @ g
-    stats = ClipStats(int(g.shape[0]), int((norms > bound).sum()), int((~ok).sum()))
+    parts, norms, ok = finite_norms_parts(g if isinstance(g, list) else [g])
+    c = clip_factors(norms, bound)
+    total = torch.cat([c @ _rows(t) for t in parts])
+    stats = ClipStats(int(norms.shape[0]), int((norms > bound).sum()), int((~ok).sum()))
     return Sensitive(total, float(bound)), stats
 
 
@@ -101,7 +122,7 @@ class ClippedAccumulator:
         self._sums: dict[str, Sensitive] = {}
         self.stats: dict[str, ClipStats] = {}
 
-    def add(self, name: str, rows: Tensor, bound: float) -> None:
+    def add(self, name: str, rows: Tensor | list[Tensor], bound: float) -> None:
         s, st = clipped_sum(rows, bound)
         if name in self._sums:
             s = sensitive_sum([self._sums[name], s])

@@ -98,7 +98,9 @@ class ClippedSum:
 class GradEngine:
     """Per-example, clipped-sum and mean gradients of a classifier's cross-entropy loss."""
 
-    def __init__(self, model: nn.Module, microbatch: int = 256, backend: str = "vmap"):
+    def __init__(
+        self, model: nn.Module, microbatch: int = 256, backend: str = "vmap", compile: bool = False
+    ):
         if backend not in BACKENDS:
             raise ValueError(f"grads.backend must be one of {BACKENDS}, got {backend!r}")
         if microbatch < 1:
@@ -106,6 +108,7 @@ class GradEngine:
         self.model = model
         self.microbatch = int(microbatch)
         self.backend = backend
+        self.compile = bool(compile)
         self.target = GradTarget.of_model(model)
         self.layout = self.target.layout
         self._params = list(self.target.params.values())
@@ -136,7 +139,10 @@ class GradEngine:
                 loss = F.cross_entropy(logits, y.unsqueeze(0))
                 return loss, (loss.detach(), logits.detach().argmax(-1).squeeze(0) == y)
 
-            self._vmapped = {key: vmap(grad(single_loss, has_aux=True), in_dims=(None, 0, 0))}
+            fn = vmap(grad(single_loss, has_aux=True), in_dims=(None, 0, 0))
+            if self.compile:  # dynamic: Poisson batches (and last micro-batches) vary in size
+                fn = torch.compile(fn, dynamic=True)
+            self._vmapped = {key: fn}
         return self._vmapped[key]
 
     # --------------------------------------------------------- per-example
@@ -212,9 +218,17 @@ class GradEngine:
             return self._ghost_clipped_sum(x, y, clip)
         stats = BatchStats()
         acc = ClippedAccumulator()
-        for chunk in self.per_example(x, y, target):
-            acc.add("grad", chunk.grads, clip)
-            stats.add(chunk.loss, chunk.correct)
+        if self.backend == "opacus":
+            for chunk in self.per_example(x, y, target):
+                acc.add("grad", chunk.grads, clip)
+                stats.add(chunk.loss, chunk.correct)
+        else:  # vmap: clip the per-parameter rows, never concatenated into (b, p)
+            params = {n: p.detach() for n, p in target.params.items()}
+            for start in range(0, x.shape[0], self.microbatch):
+                xb, yb = x[start : start + self.microbatch], y[start : start + self.microbatch]
+                grads, (loss, correct) = self._per_example_fn(target)(params, xb, yb)
+                acc.add("grad", [grads[n] for n in target.layout.names], clip)
+                stats.add(loss, correct)
         stats.clip = acc.stats.get("grad", ClipStats())
         return ClippedSum(acc.sum("grad", clip, target.layout.dim, x.device), stats)
 

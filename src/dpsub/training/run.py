@@ -170,7 +170,9 @@ def build_run(cfg: DictConfig, data: DatasetBundle | None = None, dist: Dist = S
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model: {e}") from None
     model = model.to(device)
-    engine = GradEngine(model, microbatch=cfg.grads.microbatch, backend=cfg.grads.backend)
+    engine = GradEngine(
+        model, cfg.grads.microbatch, cfg.grads.backend, compile=cfg.grads.get("compile", False)
+    )
     engine.dist = dist if dist.active else None
     mechanism = _mechanism(cfg)
     if mechanism.private:
