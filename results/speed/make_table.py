@@ -50,7 +50,9 @@ def table() -> None:
         groups[(ds, s, warm)][seed] = result
     print("| dataset | s | start of each refit | test accuracy (%) | seeds | per seed | epsilon |")
     print("|---|---:|---|---:|---:|---|---:|")
-    for (ds, s, warm), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+    for (ds, s, warm), runs in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])
+    ):
         accs = [100 * runs[k]["test_accuracy"] for k in sorted(runs)]
         mean = statistics.mean(accs)
         spread = f" +- {statistics.stdev(accs):.2f}" if len(accs) > 1 else ""
