@@ -413,3 +413,21 @@ def test_models_with_batchnorm_are_refused_for_private_training():
                 name, (3, 32, 32), 10, **({"depth": 10, "width": 1} if name == "wrn" else {})
             )
         )
+
+
+# ------------------------------------------------------------- micro-batch
+def test_auto_microbatch_fits_a_quarter_of_free_memory():
+    """3 x 4 bytes per parameter per example within free / 4; a power of two, or the batch."""
+    from dpsub.grads import auto_microbatch
+
+    cpu = torch.device("cpu")
+    p = 1_000_000
+    assert auto_microbatch(p, 256, cpu, free=4 * 12 * p * 100) == 64  # 100 fit: 64
+    assert auto_microbatch(p, 256, cpu, free=4 * 12 * p * 1000) == 256  # all fit: the batch
+    assert auto_microbatch(p, 256, cpu, free=10) == 1  # nothing fits: one at a time
+    assert 1 <= auto_microbatch(p, 256, cpu) <= 256  # the machine's own free memory
+
+
+def test_grads_microbatch_auto_reaches_the_engine():
+    run = build_run(compose_cfg(*SYNTH, "mechanism=dpsgd", "grads.microbatch=auto"))
+    assert 1 <= run.engine.microbatch <= run.cfg.train.batch_size

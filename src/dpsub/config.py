@@ -84,7 +84,7 @@ class TrainSchema:
 @dataclass
 class GradsSchema:
     backend: str = "vmap"
-    microbatch: int = 256
+    microbatch: Any = 256  # int >= 1, or "auto" (from available memory)
     compile: bool = False
 
 
@@ -181,7 +181,9 @@ def validate(cfg: DictConfig) -> DictConfig:
 
     g = typed["grads"]
     _require(g.backend in BACKENDS, "grads.backend", f"must be one of {BACKENDS}", g.backend)
-    _require(g.microbatch >= 1, "grads.microbatch", "must be >= 1", g.microbatch)
+    mb = g.microbatch
+    ok = mb == "auto" or (isinstance(mb, int) and not isinstance(mb, bool) and mb >= 1)
+    _require(ok, "grads.microbatch", "must be an integer >= 1 or auto", mb)
 
     o = typed["optim"]
     _require(o.name in ("sgd", "adam"), "optim.name", "must be sgd or adam", o.name)

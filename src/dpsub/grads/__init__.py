@@ -16,6 +16,7 @@ from dpsub.grads.engine import (
     ClippedSum,
     GradEngine,
     GradTarget,
+    auto_microbatch,
     check_private_model,
 )
 from dpsub.grads.layout import ParamLayout
@@ -31,6 +32,7 @@ __all__ = [
     "GradEngine",
     "GradTarget",
     "ParamLayout",
+    "auto_microbatch",
     "check_private_model",
     "clip_rows",
     "clipped_sum",

@@ -26,6 +26,7 @@ with ``vmap`` for any other target).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -93,6 +94,33 @@ class ClippedSum:
 
     sum: Sensitive
     stats: BatchStats
+
+
+def available_bytes(device: torch.device) -> int:
+    """Free memory of ``device``: the CUDA allocator's free bytes, or MemAvailable on Linux."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def auto_microbatch(
+    num_params: int, batch_size: int, device: torch.device, free: int | None = None
+) -> int:
+    """The largest micro-batch (<= the expected batch, a power of two unless it is the batch)
+    whose per-example gradients fit a quarter of the free memory, counting 3x their size
+    for the temporaries of their computation and clipping (``grads.microbatch: auto``)."""
+    free = available_bytes(device) if free is None else free
+    fits = max(1, (free // 4) // (3 * 4 * max(num_params, 1)))
+    if fits >= batch_size:
+        return int(batch_size)
+    return 1 << (int(fits).bit_length() - 1)
 
 
 class GradEngine:

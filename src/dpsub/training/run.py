@@ -28,9 +28,9 @@ from dpsub.data.aux import AuxData, build_aux
 from dpsub.data.sampling import build_sampler, seeded_uniform
 from dpsub.data.validation import carve_validation
 from dpsub.errors import ConfigError, PrivacyError
-from dpsub.grads import GradEngine, check_private_model
+from dpsub.grads import GradEngine, auto_microbatch, check_private_model
 from dpsub.mechanisms import Mechanism, StepContext, StepResult, build_mechanism
-from dpsub.models import build_model
+from dpsub.models import build_model, count_parameters
 from dpsub.privacy import (
     PrivacyLedger,
     PrivacyPlan,
@@ -170,8 +170,11 @@ def build_run(cfg: DictConfig, data: DatasetBundle | None = None, dist: Dist = S
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model: {e}") from None
     model = model.to(device)
+    microbatch = cfg.grads.microbatch
+    if microbatch == "auto":
+        microbatch = auto_microbatch(count_parameters(model), cfg.train.batch_size, device)
     engine = GradEngine(
-        model, cfg.grads.microbatch, cfg.grads.backend, compile=cfg.grads.get("compile", False)
+        model, microbatch, cfg.grads.backend, compile=cfg.grads.get("compile", False)
     )
     engine.dist = dist if dist.active else None
     mechanism = _mechanism(cfg)

@@ -228,6 +228,7 @@ def _header(run: Run) -> dict:
         "noise_multiplier": run.z,
         "target": f"epsilon={p.epsilon} delta={p.delta} ({p.accountant}, rng {p.rng})",
         "device": str(run.device),
+        "microbatch": run.engine.microbatch,
     }
 
 
