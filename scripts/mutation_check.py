@@ -101,6 +101,13 @@ MUTANTS = (
         ("tests/test_mechanisms.py", "-k", "non_finite"),
     ),
     Mutant(
+        "ghost-first-layer-stride-and-dilation-swapped",
+        "src/dpsub/grads/ghost.py",
+        "stride=m.dilation, dilation=m.stride, groups=b,",
+        "stride=m.stride, dilation=m.dilation, groups=b,",
+        ("tests/test_ghost.py", "-k", "first_layer"),
+    ),
+    Mutant(
         "clip-factor-on-the-first-parameter-only",
         "src/dpsub/grads/clip.py",
         "    total = torch.cat([c @ _rows(t) for t in parts])",
