@@ -173,14 +173,18 @@ class GradEngine:
             self._vmapped = {key: fn}
         return self._vmapped[key]
 
+    def _microbatches(self, x: Tensor, y: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
+        """``(x, y)`` cut into consecutive micro-batches of ``self.microbatch`` examples."""
+        for start in range(0, x.shape[0], self.microbatch):
+            yield x[start : start + self.microbatch], y[start : start + self.microbatch]
+
     # --------------------------------------------------------- per-example
     def per_example(
         self, x: Tensor, y: Tensor, target: GradTarget | None = None
     ) -> Iterator[Chunk]:
         """Yield flat per-example gradients of ``target`` micro-batch by micro-batch."""
         target = target or self.target
-        for start in range(0, x.shape[0], self.microbatch):
-            xb, yb = x[start : start + self.microbatch], y[start : start + self.microbatch]
+        for xb, yb in self._microbatches(x, y):
             if self.backend == "opacus":
                 if target is not self.target:
                     raise ValueError(
@@ -252,8 +256,7 @@ class GradEngine:
                 stats.add(chunk.loss, chunk.correct)
         else:  # vmap: clip the per-parameter rows, never concatenated into (b, p)
             params = {n: p.detach() for n, p in target.params.items()}
-            for start in range(0, x.shape[0], self.microbatch):
-                xb, yb = x[start : start + self.microbatch], y[start : start + self.microbatch]
+            for xb, yb in self._microbatches(x, y):
                 grads, (loss, correct) = self._per_example_fn(target)(params, xb, yb)
                 acc.add("grad", [grads[n] for n in target.layout.names], clip)
                 stats.add(loss, correct)
@@ -279,8 +282,7 @@ class GradEngine:
         """Ordinary (non-private) mean gradient, one backward pass per micro-batch."""
         total = torch.zeros(self.dim, device=x.device)
         stats = BatchStats()
-        for start in range(0, x.shape[0], self.microbatch):
-            xb, yb = x[start : start + self.microbatch], y[start : start + self.microbatch]
+        for xb, yb in self._microbatches(x, y):
             logits = self.model(xb)
             per = F.cross_entropy(logits, yb, reduction="none")
             gs = torch.autograd.grad(per.sum(), self._params)
