@@ -104,7 +104,7 @@ def plan(args, table: tables.Table) -> tuple[list[tables.Job], list[tables.Job],
             table, args.setting, args.out, "tuned",
             picks={c: p["overrides"] for c, p in picks.items()}, **kw,
         )  # fmt: skip
-    keep = lambda j: all(str(j.cell.get(k)) == v for k, v in args.only)  # noqa: E731
+    keep = lambda j: all(str({**j.cell, "seed": j.seed}.get(k)) == v for k, v in args.only)  # noqa: E731
     return [j for j in jobs if keep(j)], [j for j in tuned if keep(j)], picks
 
 
@@ -421,7 +421,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tune", action="store_true", help="also tune lr x clip, then run the picks")
     p.add_argument("--dry-run", action="store_true", help="print the grid and its cost only")
     p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
-                   help="only the cells with this axis value (repeatable)")  # fmt: skip
+                   help="only the cells with this axis (or seed) value (repeatable)")  # fmt: skip
     p.add_argument("--timing-steps", type=int, default=2, help="timed steps per setting")
     p.add_argument("--gpu-tflops", type=float, default=15.0,
                    help="assumed GPU fp32 throughput for the GPU estimate")  # fmt: skip
