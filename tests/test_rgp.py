@@ -72,9 +72,9 @@ def ctx(z=0.0, B=6.0, step=0, seed=0, noise=None):
     return StepContext(step, 100, B, z, noise, torch.Generator().manual_seed(1000 + seed))
 
 
-def mechanism(name, model, microbatch=4, **opts):
+def mechanism(name, model, microbatch=4, backend="vmap", **opts):
     mech = build_mechanism(name, **opts)
-    mech.setup(GradEngine(model, microbatch=microbatch))
+    mech.setup(GradEngine(model, microbatch=microbatch, backend=backend))
     return mech
 
 
@@ -175,6 +175,31 @@ def test_projection_residual_is_a_private_diagnostic_of_what_the_carriers_miss()
     assert full.step(x, y, c).private_metrics["projection_residual"] < 1e-5
 
 
+@pytest.mark.parametrize("update", ["full", "left"])
+@pytest.mark.parametrize("model", ["convnet", "wrn"])
+def test_ghost_clipping_of_the_carriers_equals_vmap(model, update):
+    """grads.backend=ghost clips the carriers as plain layers (no vmap): the same clipped sum,
+    norms and counts, for refitted carriers too, with a huge and a non-finite example."""
+    torch.manual_seed(0)
+    if model == "convnet":
+        net, (x, y) = ConvNet(), data(n=7)
+    else:
+        net = build_model("wrn", (3, 32, 32), 10, depth=10, width=1)
+        x, y = torch.randn(7, 3, 32, 32), torch.randint(0, 10, (7,))
+    x[0] *= 1e3
+    x[1, 0, 0, 0] = float("nan")
+    reparam = LowRankReparam(net, train_right=update == "full")
+    vmap, ghost = GradEngine(net, microbatch=3), GradEngine(net, microbatch=3, backend="ghost")
+    for seed, clip in ((0, 0.05), (1, INF), (2, 1.0)):  # carriers refitted between calls
+        carriers = rand_carriers(reparam, 3, seed)
+        a = vmap.clipped_sum(x, y, clip, target=reparam.target(carriers))
+        b = ghost.clipped_sum(x, y, clip, target=reparam.ghost_target(carriers))
+        assert b.sum.sensitivity == clip and a.stats.clip == b.stats.clip
+        assert b.stats.clip.nonfinite == 1
+        torch.testing.assert_close(b.sum.value, a.sum.value, atol=1e-6, rtol=1e-5)
+        assert b.stats.loss_sum == pytest.approx(a.stats.loss_sum, rel=1e-5, nan_ok=True)
+
+
 # ------------------------------------------------------------------- carriers
 def test_power_carriers_span_a_low_rank_update_and_are_orthonormal():
     g = torch.Generator().manual_seed(0)
@@ -243,15 +268,16 @@ class SpyPrivatizer(Privatizer):
         return super().gaussian(s, std, name)
 
 
+@pytest.mark.parametrize("backend", ["vmap", "ghost"])
 @pytest.mark.parametrize("name", ["rgp", "rgp_random"])
-def test_one_example_moves_the_released_carrier_sum_by_at_most_C(name):
+def test_one_example_moves_the_released_carrier_sum_by_at_most_C(name, backend):
     torch.manual_seed(0)
     net, (x, y) = ConvNet(), data(n=8)
     x[0] *= 1e3  # a huge gradient
     values = []
     for rows in (slice(0, 8), slice(1, 8)):
         spy = SpyPrivatizer(SeededNoise(torch.Generator().manual_seed(0)))
-        mech = mechanism(name, net, rank=2, clip=0.5)
+        mech = mechanism(name, net, rank=2, clip=0.5, backend=backend)
         mech.step(x[rows], y[rows], ctx(z=1.0, noise=spy))
         assert len(spy.seen) == 1 and spy.seen[0].sensitivity == 0.5
         assert spy.records[0].std == pytest.approx(0.5)  # z C on every carrier coordinate

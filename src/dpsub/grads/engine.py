@@ -46,10 +46,18 @@ Forward = Callable[[dict[str, Tensor], Tensor], Tensor]
 
 @dataclass
 class GradTarget:
-    """Named leaves ``params`` and ``forward(params, x) -> logits`` (x a batch)."""
+    """Named leaves ``params`` and ``forward(params, x) -> logits`` (x a batch).
+
+    ``module``, if given, is the same function as an ``nn.Module`` whose trainable
+    parameters are ``params`` under the names ``module_names`` maps to theirs (made of
+    plain Conv2d / Linear / norm layers): ``grads.backend=ghost`` clips it by ghost
+    clipping instead of ``vmap`` (RGP's carriers, :mod:`dpsub.grads.lowrank`).
+    """
 
     params: dict[str, Tensor]
     forward: Forward
+    module: nn.Module | None = None
+    module_names: dict[str, str] | None = None  # module parameter name -> params name
     layout: ParamLayout = field(init=False)
 
     def __post_init__(self) -> None:
@@ -246,8 +254,8 @@ class GradEngine:
     ) -> ClippedSum:
         """``sum_i min(1, C/||g_i||) g_i`` over the batch (non-finite rows dropped)."""
         target = target or self.target
-        if self.backend == "ghost" and target is self.target:
-            return self._ghost_clipped_sum(x, y, clip)
+        if self.backend == "ghost" and (target is self.target or target.module is not None):
+            return self._ghost_clipped_sum(x, y, clip, target)
         stats = BatchStats()
         acc = ClippedAccumulator()
         if self.backend == "opacus":
@@ -270,8 +278,18 @@ class GradEngine:
             self._ghost = GhostClipper(self.model, microbatch=self.microbatch)
         return self._ghost
 
-    def _ghost_clipped_sum(self, x: Tensor, y: Tensor, clip: float) -> ClippedSum:
-        r = self._ghost_clipper().clipped_sum(x, y, clip)
+    def _ghost_clipped_sum(
+        self, x: Tensor, y: Tensor, clip: float, target: GradTarget
+    ) -> ClippedSum:
+        if target is self.target:
+            r = self._ghost_clipper().clipped_sum(x, y, clip)
+        else:  # the target's own module; its flat sum put back in the target's order
+            from dpsub.grads.ghost import GhostClipper
+
+            r = GhostClipper(target.module, microbatch=self.microbatch).clipped_sum(x, y, clip)
+            parts = ParamLayout.of(target.module).unflatten(r.grad_sum)
+            named = {target.module_names[n]: t for n, t in parts.items()}
+            r.grad_sum = target.layout.flatten(named)
         stats = BatchStats()
         stats.add(r.loss, r.correct)
         stats.clip = ClipStats(int(x.shape[0]), int((r.norms > clip).sum()), int(r.nonfinite.sum()))

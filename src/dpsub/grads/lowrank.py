@@ -20,6 +20,12 @@ part. ``GradEngine.per_example(x, y, target)`` then yields per-example gradients
 size ``sum r (p + d)`` per example instead of ``sum p d``: memory O(B r d).
 :meth:`LowRankReparam.reconstruct` maps a released carrier gradient back to a flat
 gradient of the model's own parameters (Corollary 2.1.1).
+
+With ``grads.backend=ghost``, :meth:`LowRankReparam.ghost_target` gives the same target
+with the reparametrized network as plain modules (:class:`_CarrierLayer`: the residual,
+``R`` and ``L`` as three Conv2d / Linear layers), which :mod:`dpsub.grads.ghost` clips from
+one forward and one backward: no ``vmap``, and its per-example gradients are those of the
+carriers only (O(B r (p + d)) for conv kernels, materialized in cache-sized blocks).
 """
 
 from __future__ import annotations
@@ -83,6 +89,38 @@ class LowRankLinear(nn.Module):
         return F.linear(x, self.residual, self.bias) + F.linear(F.linear(x, self.right), self.left)
 
 
+class _CarrierLayer(nn.Module):
+    """The ghost-clipping form of either layer: ``residual(x) + left(right(x))`` with three
+    plain ``nn.Conv2d`` (or ``nn.Linear``) children whose weights :meth:`LowRankReparam.target`
+    assigns (the residual's frozen, the model's bias on it), so per-example gradients of
+    the carriers come from :mod:`dpsub.grads.ghost`'s closed forms, not from ``vmap``."""
+
+    def __init__(self, layer: nn.Conv2d | nn.Linear):
+        super().__init__()
+        if isinstance(layer, nn.Conv2d):
+            g = {"stride": layer.stride, "padding": layer.padding, "dilation": layer.dilation}
+            k = layer.kernel_size
+            self.left = nn.Conv2d(1, 1, 1, bias=False)
+            self.right = nn.Conv2d(1, 1, k, bias=False, **g)
+            self.residual = nn.Conv2d(1, 1, k, bias=layer.bias is not None, **g)
+        else:
+            self.left, self.right = nn.Linear(1, 1, bias=False), nn.Linear(1, 1, bias=False)
+            self.residual = nn.Linear(1, 1, bias=layer.bias is not None)
+        for p in self.parameters():  # placeholders until assigned
+            p.requires_grad_(False)
+        if layer.bias is not None:  # a frozen bias keeps its value; a trainable one is assigned
+            self.residual.bias = nn.Parameter(layer.bias.detach().clone(), layer.bias.requires_grad)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.residual(x) + self.left(self.right(x))
+
+
+def _assign(root: nn.Module, name: str, t: Tensor, trainable: bool) -> None:
+    prefix, _, attr = name.rpartition(".")
+    module = root.get_submodule(prefix) if prefix else root
+    setattr(module, attr, nn.Parameter(t.detach(), requires_grad=trainable))
+
+
 def _join(prefix: str, attr: str) -> str:
     return f"{prefix}.{attr}" if prefix else attr
 
@@ -124,6 +162,7 @@ class LowRankReparam:
             self._module_of[name] = prefix
         self._frozen: dict[str, Tensor] = {}
         self._forward = self._make_forward()
+        self._ghost: nn.Module | None = None  # built on the first ghost_target call
 
     def _make_forward(self):
         copy_ = self.copy
@@ -166,6 +205,37 @@ class LowRankReparam:
             raise ValueError(f"no carriers for {sorted(missing)}")
         self._frozen = frozen
         return GradTarget(params, self._forward)
+
+    def ghost_target(self, carriers: Carriers) -> GradTarget:
+        """:meth:`target` with a ``module`` for ghost clipping: the same function and
+        parameters, every reparametrized layer a :class:`_CarrierLayer` of plain layers."""
+        target = self.target(carriers)
+        if self._ghost is None:
+            self._ghost = copy.deepcopy(self.model)
+            for name in self.weights:
+                prefix = self._module_of[name]
+                layer = _CarrierLayer(self._ghost.get_submodule(prefix) if prefix else self._ghost)
+                if prefix:
+                    self._ghost.set_submodule(prefix, layer)
+                else:
+                    self._ghost = layer
+        layers, names = set(self._module_of.values()), {}
+        for name, t in {**self._frozen, **target.params}.items():
+            prefix, _, attr = name.rpartition(".")
+            trainable = name in target.params
+            if prefix in layers and attr in ("left", "right", "residual", "bias"):
+                child = "residual" if attr == "bias" else attr
+                name_in = _join(_join(prefix, child), "bias" if attr == "bias" else "weight")
+                _assign(self._ghost, name_in, t, trainable)
+            elif trainable:
+                name_in = name
+                _assign(self._ghost, name, t, True)
+            else:  # a buffer of the model
+                module = self._ghost.get_submodule(prefix) if prefix else self._ghost
+                module._buffers[attr] = t
+            if trainable:
+                names[name_in] = name
+        return GradTarget(target.params, target.forward, self._ghost, names)
 
     def reconstruct(self, flat: Tensor, target: GradTarget, carriers: Carriers) -> Tensor:
         """A flat gradient of the model's parameters from a flat carrier gradient of ``target``.

@@ -10,7 +10,8 @@ Each step (Algorithm 1; ``METHODS.md``, "RGP, RGP-random, DP-PowerSGD"):
    and the released updates.
 2. Per-example gradients of the carriers only, through the reparametrized network
    ``W = L R + stop_grad(W - L R)`` (:class:`~dpsub.grads.lowrank.LowRankReparam`), plus
-   those of the small non-matrix parameters (biases, norm affines).
+   those of the small non-matrix parameters (biases, norm affines); ``vmap`` by default,
+   ghost clipping of the carriers as plain layers with ``grads.backend=ghost``.
 3. Clip the concatenation of all of them to C per example: one ``Sensitive`` of
    sensitivity C; add N(0, z^2 C^2) to every coordinate through ``ctx.noise``. The
    record (C, z C) gives exactly the planned multiplier z.
@@ -67,7 +68,8 @@ class _CarrierMechanism(Mechanism):
 
     def step(self, x, y, ctx: StepContext) -> StepResult:
         carriers = self.current_carriers(ctx)
-        target = self.reparam.target(carriers)
+        ghost = self.engine.backend == "ghost"  # ghost clipping of the carriers, else vmap
+        target = (self.reparam.ghost_target if ghost else self.reparam.target)(carriers)
         clipped = self.engine.clipped_sum(x, y, self.opts.clip, target=target)
         std = 0.0 if ctx.z == 0 else ctx.z * self.opts.clip  # z=0: noise off (tests)
         noisy = ctx.noise.gaussian(clipped.sum, std, "carriers")
