@@ -373,6 +373,7 @@ def header(table, args, found) -> list[str]:
         f"**Setting `{args.setting}`**: {setting.note}"
         + (f" Overrides: `{extra}`." if extra else ""),
         "",
+        *[line for note in args.note for line in (f"> **Note.** {note}", "")],
         f"- commit: `{git_commit()}`; rendered {dt.datetime.now().isoformat(timespec='minutes')}",
         f"- runs: `{cmd}` (OMP_NUM_THREADS=1), then `python scripts/make_table.py {table.name} "
         f"--setting {args.setting}`",
@@ -438,6 +439,8 @@ def parse(argv):
     p.add_argument("--no-projection", action="store_true", help="skip the projection errors")
     p.add_argument("--data-root", default=None, help="data.root for the projection errors")
     p.add_argument("--projection-examples", type=int, default=1000)
+    p.add_argument("--note", action="append", default=[],
+                   help="a paragraph for the rendered README, e.g. how the runs were made")  # fmt: skip
     return p.parse_intermixed_args(argv)
 
 

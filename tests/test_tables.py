@@ -305,7 +305,7 @@ def test_make_table_renders_the_runs_beside_the_paper(tiny):
     tmp, spec, _, _ = tiny
     out = tmp / "results"
     proc = script("make_table", spec, "--setting", "tiny", "--runs", tmp / "runs", "--out", out,
-                  cwd=tmp)  # fmt: skip
+                  "--note", "Runs made by the test.", cwd=tmp)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     dest = out / "tiny" / "tiny"
     text = (dest / "README.md").read_text()
@@ -322,6 +322,7 @@ def test_make_table_renders_the_runs_beside_the_paper(tiny):
     assert f"| {mean:.2f} ± {std:.2f} (2) | 60 | {mean - 60:+.2f} |" in row
     assert "4 tuning runs" in text and "not** included" in text
     assert "commit:" in text and "hardware:" in text and "reproduce.py" in text
+    assert "> **Note.** Runs made by the test." in text
     assert (dest / "accuracy.png").read_bytes().startswith(b"\x89PNG")
     assert (dest / "projection.png").read_bytes().startswith(b"\x89PNG")  # gep: public data
     proj = json.loads(
