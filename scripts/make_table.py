@@ -236,6 +236,18 @@ def _numeric(values) -> bool:
     return all(isinstance(v, (int, float)) for v in values)
 
 
+def _dodge(ax, xs: list, n: int):
+    """With a single x value (a reduced setting), series ``j`` of ``n`` is drawn beside the
+    others instead of on top of them; ``shift(j, x)`` is where its points go."""
+    if len(xs) != 1:
+        return lambda j, x: x
+    x0, width = float(xs[0]), 0.1 * max(abs(float(xs[0])), 1.0)
+    ax.set_xlim(x0 - width, x0 + width)
+    ax.set_xticks([x0])
+    step = 1.6 * width / max(n, 1)
+    return lambda j, x: x + (j - (n - 1) / 2) * step
+
+
 def plot_metric(table, found, setting: str, proj: dict, out: Path) -> list[Path]:
     """accuracy.png (metric vs column/x axis per row) and, with data, projection.png."""
     col = col_axis(table)
@@ -246,10 +258,11 @@ def plot_metric(table, found, setting: str, proj: dict, out: Path) -> list[Path]
     xs = list(dict.fromkeys(c[col] for c in cells))
     written = []
     fig, ax = plt.subplots(figsize=(6, 4))
+    shift = _dodge(ax, xs, 3 * len(rows))
     for i, r in enumerate(rows):
         color = f"C{i}"
         label = ", ".join(table.label(a, v) for a, v in r)
-        for variant, style in (("paper", "o-"), ("tuned", "s:")):
+        for j, (variant, style) in enumerate((("paper", "o-"), ("tuned", "s:"))):
             pts = []
             for x in xs:
                 cell = {**dict(r), col: x}
@@ -257,14 +270,14 @@ def plot_metric(table, found, setting: str, proj: dict, out: Path) -> list[Path]
                     metric_values(table, found[variant].get(tables.cell_id(cell), []))
                 )
                 if n:
-                    pts.append((x, m, s))
+                    pts.append((shift(3 * i + j, x), m, s))
             if pts:
                 suffix = ": tuned" if variant == "tuned" else ": paper's hyper-parameters"
                 ax.errorbar(
                     *zip(*pts, strict=True), fmt=style, color=color, capsize=3, label=label + suffix
                 )
-        ppts = [(x, e["value"]) for x in xs if (e := table.paper_cell({**dict(r), col: x}))
-                and e.get("value") is not None]  # fmt: skip
+        ppts = [(shift(3 * i + 2, x), e["value"]) for x in xs
+                if (e := table.paper_cell({**dict(r), col: x})) and e.get("value") is not None]  # fmt: skip
         if ppts:
             ax.plot(
                 *zip(*ppts, strict=True),
@@ -288,14 +301,15 @@ def plot_metric(table, found, setting: str, proj: dict, out: Path) -> list[Path]
 
 def plot_projection(table, proj, rows, xs, col, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
+    shift = _dodge(ax, xs, 2 * len(rows))
     for i, r in enumerate(rows):
-        for variant, style in (("paper", "o-"), ("tuned", "s:")):
+        for j, (variant, style) in enumerate((("paper", "o-"), ("tuned", "s:"))):
             pts = []
             for x in xs:
                 vals = proj.get(f"{variant}/{tables.cell_id({**dict(r), col: x})}", [])
                 if vals:
                     m, s, _ = tables.seed_stats(vals)
-                    pts.append((x, m, s))
+                    pts.append((shift(2 * i + j, x), m, s))
             if pts:
                 label = ", ".join(table.label(a, v) for a, v in r)
                 label += " (tuned)" if variant == "tuned" else ""
