@@ -289,10 +289,11 @@ def test_one_example_moves_the_released_carrier_sum_by_at_most_C(name, backend):
     assert (values[0] - values[1]).norm() >= 0.49  # the huge example is clipped to C, not dropped
 
 
-@pytest.mark.parametrize("mech", ["rgp", "rgp_random", "dppowersgd"])
+@pytest.mark.parametrize("mech", ["rgp", "rgp_random", "dppowersgd", "rgp grads.backend=ghost"])
 def test_records_give_exactly_the_planned_multiplier(mech):
+    mech, *more = mech.split()
     run = build_run(
-        compose_cfg(*SYNTH, f"mechanism={mech}", "mechanism.rank=2", "train.max_steps=3")
+        compose_cfg(*SYNTH, f"mechanism={mech}", "mechanism.rank=2", "train.max_steps=3", *more)
     )
     for _ in range(3):
         out = train_step(run)
