@@ -33,6 +33,7 @@ USAGE = {
     "uv run dpsub-train -m hydra/launcher=local privacy.epsilon=2,5,8": CHEAP,
     "uv run dpsub-train resume=outputs/runs/2026-11-22/17-35-21_demo-digits-dpsgd": ("resume",),
     "uv run dpsub-train grads.backend=ghost": CHEAP,
+    "uv run dpsub-train mechanism=rgp grads.backend=ghost": CHEAP,
     "uv run dpsub-train privacy.rng=secure": CHEAP,
     "uv run torchrun --nproc_per_node 2 -m dpsub.train dataset=mnist": CHEAP,
     "uv run dpsub-train --cfg job dataset=cifar10 model=resnet20": (),
