@@ -143,8 +143,7 @@ class LowRankReparam:
         self.train_right = train_right
         self.layout = ParamLayout.of(model)
         self.weights = self.layout.matrix_names()
-        self.copy = copy.deepcopy(model)
-        modules = dict(self.copy.named_modules())
+        modules = dict(model.named_modules())
         self._module_of: dict[str, str] = {}
         for name in self.weights:
             prefix, _, attr = name.rpartition(".")
@@ -154,15 +153,24 @@ class LowRankReparam:
                     f"RGP reparametrizes the weights of Conv2d and Linear layers only; {name} "
                     f"belongs to a {type(module).__name__}"
                 )
-            wrapped = (LowRankConv2d if isinstance(module, nn.Conv2d) else LowRankLinear)(module)
-            if prefix:
-                self.copy.set_submodule(prefix, wrapped)
-            else:
-                self.copy = wrapped
             self._module_of[name] = prefix
+        self.copy = self._rebuilt(
+            lambda m: (LowRankConv2d if isinstance(m, nn.Conv2d) else LowRankLinear)(m)
+        )
         self._frozen: dict[str, Tensor] = {}
         self._forward = self._make_forward()
         self._ghost: nn.Module | None = None  # built on the first ghost_target call
+
+    def _rebuilt(self, wrap) -> nn.Module:
+        """A copy of the model with every reparametrized layer replaced by ``wrap(layer)``."""
+        out = copy.deepcopy(self.model)
+        for prefix in self._module_of.values():
+            layer = wrap(out.get_submodule(prefix) if prefix else out)
+            if prefix:
+                out.set_submodule(prefix, layer)
+            else:
+                out = layer
+        return out
 
     def _make_forward(self):
         copy_ = self.copy
@@ -211,14 +219,7 @@ class LowRankReparam:
         parameters, every reparametrized layer a :class:`_CarrierLayer` of plain layers."""
         target = self.target(carriers)
         if self._ghost is None:
-            self._ghost = copy.deepcopy(self.model)
-            for name in self.weights:
-                prefix = self._module_of[name]
-                layer = _CarrierLayer(self._ghost.get_submodule(prefix) if prefix else self._ghost)
-                if prefix:
-                    self._ghost.set_submodule(prefix, layer)
-                else:
-                    self._ghost = layer
+            self._ghost = self._rebuilt(_CarrierLayer)
         layers, names = set(self._module_of.values()), {}
         for name, t in {**self._frozen, **target.params}.items():
             prefix, _, attr = name.rpartition(".")
