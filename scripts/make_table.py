@@ -45,6 +45,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from dpsub import tables  # noqa: E402
 from dpsub.errors import ConfigError  # noqa: E402
+from dpsub.paths import project_root  # noqa: E402
 
 COPIED = ("config.yaml", "summary.json", "metrics.jsonl", "public_projection.json")
 PROJECTION = "public_projection.json"
@@ -448,8 +449,12 @@ def parse(argv):
     p.add_argument("table")
     p.add_argument("overrides", nargs="*", help="the run-changing overrides given to reproduce.py")
     p.add_argument("--setting", default="paper")
-    p.add_argument("--runs", type=Path, default=ROOT / "outputs" / "tables", help="runs root")
-    p.add_argument("--out", type=Path, default=ROOT / "results" / "tables", help="output root")
+    p.add_argument(
+        "--runs", type=Path, default=project_root() / "outputs" / "tables", help="runs root"
+    )
+    p.add_argument(
+        "--out", type=Path, default=project_root() / "results" / "tables", help="output root"
+    )
     p.add_argument("--no-projection", action="store_true", help="skip the projection errors")
     p.add_argument("--data-root", default=None, help="data.root for the projection errors")
     p.add_argument("--projection-examples", type=int, default=1000)

@@ -54,7 +54,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
 from dpsub import tables  # noqa: E402
 from dpsub.errors import ConfigError, DataError  # noqa: E402
-from dpsub.paths import conf_dir  # noqa: E402
+from dpsub.paths import conf_dir, project_root  # noqa: E402
 
 log = logging.getLogger("dpsub.reproduce")
 CKPT = "checkpoint.pt"
@@ -417,7 +417,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("table", help=f"one of: {', '.join(tables.table_names())}")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every job (hydra.*: Hydra's)")
     p.add_argument("--setting", default="paper", help="a setting of the table (default: paper)")
-    p.add_argument("--out", type=Path, default=ROOT / "outputs" / "tables", help="results root")
+    p.add_argument(
+        "--out", type=Path, default=project_root() / "outputs" / "tables", help="results root"
+    )
     p.add_argument("--tune", action="store_true", help="also tune lr x clip, then run the picks")
     p.add_argument("--dry-run", action="store_true", help="print the grid and its cost only")
     p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",

@@ -10,6 +10,7 @@ consume them, so a config file and its class cannot drift apart silently.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ from dpsub.errors import ConfigError
 #: Per-example gradient backends (dpsub.grads.engine.BACKENDS; a test keeps them equal).
 BACKENDS = ("vmap", "opacus", "ghost")
 
-__all__ = ["ConfigError", "validate", "check_against_data"]
+__all__ = ["ConfigError", "validate", "check_against_data", "check_environment"]
 
 
 @dataclass
@@ -138,12 +139,13 @@ def validate(cfg: DictConfig) -> DictConfig:
     """Check the whole config; return it unchanged (raises ConfigError).
 
     Imports nothing heavy (no torch): an invalid config fails in well under a second.
-    Model options are checked when the model is built (before anything is written).
+    Model option names are checked here (``dpsub.models.MODEL_OPTIONS``), their values
+    when the model is built (before anything is written).
     """
     from dpsub.data.aux_options import check_aux_config
     from dpsub.data.names import DATASETS
     from dpsub.mechanisms.options import SPECS, parse_options
-    from dpsub.models import MODELS
+    from dpsub.models import MODEL_OPTIONS, MODELS
 
     for key in cfg:
         _require(key in TOP_LEVEL, str(key), "unknown top-level key", key)
@@ -222,16 +224,99 @@ def validate(cfg: DictConfig) -> DictConfig:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     name = model.get("name")
     _require(name in MODELS, "model.name", f"unknown model; choose from {sorted(MODELS)}", name)
+    for key in model:
+        options = MODEL_OPTIONS[name]
+        if key != "name" and key not in options:
+            near = difflib.get_close_matches(key, options, n=3, cutoff=0.6)
+            hint = f"closest: {', '.join(near)}" if near else f"its options: {', '.join(options)}"
+            raise ConfigError(f"model.{key}: not an option of model {name}; {hint}")
 
     mech = OmegaConf.to_container(cfg.mechanism, resolve=True)
     name = mech.pop("name", None)
-    parse_options(name, mech)
+    _check_measured(name, parse_options(name, mech), p)
     check_aux_config(OmegaConf.to_container(cfg.aux, resolve=True))
     if SPECS[name].needs_aux and cfg.aux.name == "none":
         raise ConfigError(
             f"aux.name: mechanism {name!r} needs auxiliary data; choose e.g. aux=natural"
         )
     return cfg
+
+
+def _check_measured(name: str, options: Any, p: DictConfig) -> None:
+    """A measured-accounting mechanism (DP-Hero) needs a fixed noise multiplier.
+
+    Calibrating the multiplier to ``privacy.epsilon`` plans the paper's nominal epsilon,
+    but the budget is enforced on the honest one, whose least noisy direction gets far less
+    noise: the budget is spent within a step or two and the run ends untrained (exit 0).
+    """
+    if getattr(options, "accounting", None) != "measured" or p.noise_multiplier is not None:
+        return
+    raise ConfigError(
+        f"privacy.noise_multiplier: mechanism={name} needs a fixed noise multiplier: calibrated "
+        "to privacy.epsilon it spends that budget in its first steps (the budget holds its "
+        "honest epsilon, from its least noisy direction: docs/dphero.md), so it would stop "
+        f"untrained; run experiment=dphero_mnist_lenet (or dphero_cifar10), or set "
+        "privacy.noise_multiplier=SIGMA privacy.epsilon=1e12 as it does, or use "
+        f"mechanism={name}_floor or mechanism.accounting=nominal (not a guarantee)"
+    )
+
+
+def check_environment(cfg: DictConfig) -> None:
+    """Checks of this machine for a valid config: the data files (DatasetNotFoundError),
+    W&B credentials for ``logger.mode=online`` and the device (ConfigError). Only the
+    device check imports torch, and only for a cuda or mps device."""
+    from dpsub.data.files import check_files
+    from dpsub.logging.run_logger import has_wandb_key
+
+    check_files(cfg)
+    if cfg.logger.mode == "online" and not has_wandb_key():
+        raise ConfigError(
+            "logger.mode: online needs a W&B API key (WANDB_API_KEY or `wandb login`) and "
+            "none is set; use logger.mode=offline (upload later with `wandb sync`) or "
+            "logger=disabled"
+        )
+    _check_device(str(cfg.device))
+
+
+def _check_device(device: str) -> None:
+    if not device.startswith(("cuda", "mps")):
+        return
+    if device.startswith("cuda") and not _gpu_driver_present():  # no torch import needed
+        raise ConfigError(
+            f"device: {device} but this machine has no GPU driver (no libcuda, no ROCm "
+            "/dev/kfd); use device=auto or device=cpu"
+        )
+    import torch
+
+    if device == "mps":
+        _require(torch.backends.mps.is_available(), "device", "MPS is not available here", device)
+        return
+    _require(
+        torch.cuda.is_available(),
+        "device",
+        f"CUDA is not available here (torch {torch.__version__}, CUDA build "
+        f"{torch.version.cuda}); use device=auto or device=cpu",
+        device,
+    )
+    index, count = int(device.partition(":")[2] or 0), torch.cuda.device_count()
+    _require(index < count, "device", f"this machine has {count} CUDA device(s)", device)
+
+
+def _gpu_driver_present() -> bool:
+    """An NVIDIA driver library (CUDA) or the ROCm device node: without either, torch
+    cannot see a GPU, and saying so does not need torch's 10 s import."""
+    import ctypes
+    import os
+
+    if os.path.exists("/dev/kfd"):
+        return True
+    for lib in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            ctypes.CDLL(lib)
+            return True
+        except OSError:
+            continue
+    return False
 
 
 def check_against_data(cfg: DictConfig, n_train: int) -> None:

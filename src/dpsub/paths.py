@@ -4,14 +4,16 @@ The Hydra configs live in ``conf/`` at the top of the repository. The wheel ship
 copy as ``dpsub/conf`` inside the package (``force-include`` in pyproject.toml), so an
 installed ``dpsub-train`` finds its configs wherever it runs; an editable install or
 a checkout on ``PYTHONPATH`` uses the repository's ``conf/`` directly, so edits to
-it take effect without reinstalling.
+it take effect without reinstalling. The scripts behind the ``dpsub-reproduce``,
+``dpsub-table``... commands (``scripts/``) are shipped and found the same way
+(:func:`scripts_dir`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["conf_dir"]
+__all__ = ["conf_dir", "project_root", "scripts_dir"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -26,3 +28,20 @@ def conf_dir() -> Path:
         f"dpsub's Hydra configs are missing: neither {_PACKAGE / 'conf'} (wheel install) nor "
         f"{_PACKAGE.parents[1] / 'conf'} (source checkout) holds config.yaml; reinstall dpsub"
     )
+
+
+def _packaged(name: str) -> Path | None:
+    """``dpsub/<name>`` inside an installed wheel, else None (a source checkout)."""
+    return _PACKAGE / name if (_PACKAGE / name).is_dir() else None
+
+
+def scripts_dir() -> Path:
+    """The helper scripts: the packaged ``dpsub/scripts`` (wheel install), else the
+    repository's top-level ``scripts/``."""
+    return _packaged("scripts") or _PACKAGE.parents[1] / "scripts"
+
+
+def project_root() -> Path:
+    """Where the scripts put ``outputs/`` and ``results/`` by default: the repository in a
+    source checkout, the working directory in a wheel install (as ``dpsub-train`` does)."""
+    return Path.cwd() if _packaged("conf") else _PACKAGE.parents[1]

@@ -30,7 +30,20 @@ from dpsub.errors import ConfigError, ResumeError, exit_code
 from dpsub.paths import conf_dir
 
 CONF_DIR = str(conf_dir())  # the wheel's dpsub/conf, or the repository's conf/
+
+
+def _groups_help() -> str:
+    """``--help``'s group list: Hydra's $APP_CONFIG_GROUPS without conf/paper (tables)."""
+    from dpsub.overrides import config_groups, group_options
+
+    return "".join(f"{g}: {', '.join(group_options(g))}\n" for g in config_groups())
+
+
+OmegaConf.register_new_resolver("dpsub_groups", _groups_help, replace=True)
 MULTIRUN_FLAGS = ("-m", "--multirun")
+#: Hydra flags after which the overrides are not dpsub's (another config tree, completion)
+OWN_CONFIG_FLAGS = ("-cp", "--config-path", "-cd", "--config-dir", "-cn", "--config-name")
+OWN_CONFIG_FLAGS += ("-sc", "--shell-completion")
 
 
 def fail(err: BaseException) -> None:
@@ -46,10 +59,11 @@ def fail(err: BaseException) -> None:
 
 def run(cfg: DictConfig, run_dir: Path, resume: bool = False) -> float:
     """Validate, train, and turn dpsub's errors into one line and an exit code."""
-    from dpsub.config import validate
+    from dpsub.config import check_environment, validate
 
     try:
         validate(cfg)  # before torch is imported: bad values fail in well under a second
+        check_environment(cfg)  # data files, W&B key (torch-free), then the device
         from dpsub.training.trainer import train
 
         return train(cfg, run_dir, resume=resume).test_accuracy
@@ -81,6 +95,7 @@ def main(cfg: DictConfig) -> float:
 # ------------------------------------------------------------------ resume
 def resume(args: list[str]) -> float:
     """``resume=<dir> [key=value ...]``: the run's own config, changed only where allowed."""
+    from dpsub.overrides import apply_to_saved
     from dpsub.training.checkpoint import CKPT_NAME, changed_keys
 
     run_dir = Path([a for a in args if a.startswith("resume=")][-1].split("=", 1)[1])
@@ -94,7 +109,10 @@ def resume(args: list[str]) -> float:
     if bad:
         fail(ResumeError(f"resume: only key=value overrides can go with resume=, got {bad}"))
     saved = OmegaConf.load(run_dir / "config.yaml")
-    cfg = OmegaConf.merge(saved, OmegaConf.from_dotlist(rest))
+    try:
+        cfg = apply_to_saved(saved, rest)  # GROUP=OPTION and KEY=VALUE; unknown keys refused
+    except ConfigError as e:
+        fail(e)
     keys = changed_keys(OmegaConf.to_container(saved), OmegaConf.to_container(cfg))
     if keys:
         fail(ResumeError(
@@ -139,12 +157,25 @@ def validate_sweep(args: list[str]) -> None:
                 fail(ConfigError(f"{e} (sweep job {i}: {' '.join(job)}); no job was started"))
 
 
+def check_args(args: list[str]) -> None:
+    """Unknown groups, options and keys: one line and exit 2 before Hydra composes."""
+    from dpsub.overrides import check_overrides
+
+    if any(a.split("=")[0] in OWN_CONFIG_FLAGS for a in args):
+        return  # another config tree: Hydra checks it
+    try:
+        check_overrides([a for a in args if a.startswith("~") or ("=" in a and a[0] != "-")])
+    except ConfigError as e:
+        fail(e)
+
+
 def cli() -> None:
     """``dpsub-train [experiment=NAME] [overrides]`` (see the module docstring)."""
     args = sys.argv[1:]
     if any(a.startswith("resume=") for a in args) and not any(a in MULTIRUN_FLAGS for a in args):
         resume(args)
         return
+    check_args(args)
     if any(a in MULTIRUN_FLAGS for a in args):
         validate_sweep(args)
     main()

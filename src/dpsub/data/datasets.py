@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dpsub.data.files import FIX_HINT
 from dpsub.data.readers import (
     REDOWNLOAD,
     bad_file,
@@ -121,12 +122,6 @@ class _Raw:
     default_size: int | None = None  # resize to this when image_size is not given
 
 
-_FIX_HINT = (
-    "Set data.root (or the DPSUB_DATA environment variable) to the folder that holds "
-    "the dataset, or set data.download=true on a machine with internet access."
-)
-
-
 def _require_files(
     name: str,
     directory: Path,
@@ -162,7 +157,7 @@ def _require_files(
         raise DatasetNotFoundError(
             f"Dataset '{name}' not found: missing {', '.join(lost)} under {directory} "
             f"(searched data root {root}). These files come from {source}. "
-            + (_FIX_HINT if downloadable else _FIX_HINT.split(", or set")[0] + ".")
+            + (FIX_HINT if downloadable else FIX_HINT.split(", or set")[0] + ".")
         )
 
 

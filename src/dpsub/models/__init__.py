@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["MODELS", "build_model", "count_parameters", "model_class"]
+__all__ = ["MODELS", "MODEL_OPTIONS", "build_model", "count_parameters", "model_class"]
 
 #: name -> "module:constructor". Imported only when a model is built, so that the config
 #: validator can check names without importing torch's model code.
@@ -35,6 +35,17 @@ MODELS: dict[str, str] = {
     "resnet20": "dpsub.models.resnet:resnet20",
     "wrn": "dpsub.models.wrn:wrn_for_shape",
     "cifar_cnn": "dpsub.models.cifar_cnn:CifarCNN",
+}
+
+#: name -> the keyword options its constructor takes (besides in_shape and num_classes),
+#: so the validator can refuse an unknown ``model.*`` key without importing torch; a test
+#: keeps them equal to the constructors' signatures.
+MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
+    "mnist_cnn": ("norm", "gn_groups"),
+    "lenet": ("norm", "gn_groups"),
+    "resnet20": ("gn_groups",),
+    "wrn": ("depth", "width", "gn_groups"),
+    "cifar_cnn": ("channels", "hidden"),
 }
 
 

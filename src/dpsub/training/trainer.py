@@ -30,9 +30,10 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from dpsub.config import validate
-from dpsub.errors import ResumeError
+from dpsub.errors import ConfigError, ResumeError
 from dpsub.logging import RunLogger
 from dpsub.models import count_parameters
+from dpsub.privacy import epsilon_for
 from dpsub.training.checkpoint import (
     LEDGER_NAME,
     check_resume,
@@ -183,6 +184,18 @@ def _stop_requested(run: Run, stop: _StopFlag) -> bool:
 
 
 # --------------------------------------------------------------------- run
+def _budget_below_one_step(run: Run, out: StepOutcome) -> ConfigError:
+    """``privacy.epsilon`` cannot pay for the first step (e.g. DP-Hero's honest epsilon)."""
+    p, name = run.cfg.privacy, run.mechanism.name
+    one = epsilon_for([(out.z_records, run.q, 1)], p.delta, p.accountant)
+    hint = " (experiment=dphero_mnist_lenet: docs/dphero.md)" if "dphero" in name else ""
+    return ConfigError(
+        f"privacy.epsilon: the budget {p.epsilon} does not cover one step of {name} (epsilon "
+        f"{one:.4g} at the multiplier its noise gives, {out.z_records:.4g}); nothing was "
+        f"trained. Raise privacy.epsilon or the noise{hint}"
+    )
+
+
 def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> None:
     """Restore ``run`` from ``run_dir``'s checkpoint (checked), or refuse an unintended resume."""
     ckpt = load_checkpoint(run_dir, map_location=run.device)
@@ -313,6 +326,9 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
             while run.step < run.total_steps:
                 out = train_step(run, diagnostics=private)
                 if out.stopped_by_budget:
+                    if run.step == 0:  # nothing trained: an error, not a run that "succeeded"
+                        logger.close()
+                        raise _budget_below_one_step(run, out)
                     stopped_by_budget = True
                     log.info("privacy budget spent after %d steps: stopping", run.step)
                     break

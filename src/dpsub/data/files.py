@@ -1,0 +1,92 @@
+"""The files each dataset and auxiliary source reads, known without torch.
+
+:func:`check_files` is called before torch is imported (``dpsub-train`` spends most of
+its start-up importing it), so a missing dataset is one line in about a second rather
+than after twenty. The loaders (:mod:`dpsub.data.datasets`, :mod:`dpsub.data.aux`) check
+the same files again, download them when asked and read them; a test keeps the names
+here equal to torchvision's. Nothing is checked when a download is asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dpsub.data.aux_options import NATURAL_DEFAULT_FILE
+from dpsub.errors import DatasetNotFoundError
+
+__all__ = ["CIFAR100_TRAIN", "DATASET_FILES", "FIX_HINT", "check_files", "missing_dataset_files"]
+
+_IDX = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+_CIFAR10 = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
+
+#: dataset -> (its folder under data.root, the files it reads there); svhn: below.
+DATASET_FILES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "mnist": ("MNIST/raw", _IDX),
+    "fashion_mnist": ("FashionMNIST/raw", _IDX),
+    "cifar10": ("cifar-10-batches-py", _CIFAR10),
+    "cifar10_subset": ("cifar10_subset", ("cifar10_prefix_subset.npz",)),
+}
+SVHN_FILES = {"train": "train_32x32.mat", "test": "test_32x32.mat", "extra": "extra_32x32.mat"}
+CIFAR100_TRAIN = "cifar-100-python/train"  # aux.name=cifar100, under data.root
+
+FIX_HINT = (
+    "Set data.root (or the DPSUB_DATA environment variable) to the folder that holds "
+    "the dataset, or set data.download=true on a machine with internet access."
+)
+
+
+def _present(directory: Path, name: str) -> bool:
+    """The file, or (IDX files) its extracted copy."""
+    return (directory / name).is_file() or (directory / name.removesuffix(".gz")).is_file()
+
+
+def missing_dataset_files(name: str, root: Path, use_extra: bool = False) -> tuple[Path, list]:
+    """(folder, missing files) of dataset ``name`` under ``root``; no files: ``[]``."""
+    if name == "svhn":
+        files = [SVHN_FILES[s] for s in ("train", "test", *(["extra"] if use_extra else []))]
+        folder = root / "svhn"
+        if not (folder / files[0]).is_file() and (root / files[0]).is_file():
+            folder = root  # torchvision's own layout
+        return folder, [f for f in files if not (folder / f).is_file()]
+    if name not in DATASET_FILES:
+        return root, []  # digits, synthetic: no files
+    sub, files = DATASET_FILES[name]
+    folder = root / sub
+    return folder, [f for f in files if not _present(folder, f)]
+
+
+def check_files(cfg: Any) -> None:
+    """DatasetNotFoundError naming what is missing, for the dataset and the aux source."""
+    root = Path(str(cfg.data.root)).expanduser()
+    d = cfg.dataset
+    if not cfg.data.download:
+        folder, lost = missing_dataset_files(d.name, root, bool(d.get("use_extra", False)))
+        if lost:
+            raise DatasetNotFoundError(
+                f"Dataset '{d.name}' not found: missing {', '.join(lost)} under {folder} "
+                f"(searched data root {root}). {FIX_HINT}"
+            )
+    aux = cfg.get("aux") or {}
+    name = aux.get("name", "none")
+    if name == "natural":
+        path = aux.get("path")
+        file = root / NATURAL_DEFAULT_FILE if path is None else Path(str(path)).expanduser()
+        if not file.is_file():
+            raise DatasetNotFoundError(
+                f"Auxiliary natural images not found: {file} (set by aux.path; default "
+                f"<data.root>/{NATURAL_DEFAULT_FILE}); point aux.path at an .npz of uint8 "
+                "images, or set data.root to the folder that holds it"
+            )
+    if name == "cifar100" and not aux.get("download", False):
+        if not (root / CIFAR100_TRAIN).is_file():
+            raise DatasetNotFoundError(
+                f"Auxiliary dataset CIFAR-100 (aux.name=cifar100) not found: missing "
+                f"{root / CIFAR100_TRAIN}; set data.root to the folder that holds "
+                "cifar-100-python/, or aux.download=true on a machine with internet access"
+            )

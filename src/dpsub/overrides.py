@@ -1,0 +1,210 @@
+"""Command-line overrides checked against the config tree before Hydra composes.
+
+Hydra ignores an unknown option of an optional group (``experiment=typo`` ran the
+default experiment) and reports an unknown key in seven lines with exit code 1.
+:func:`check_overrides` looks at every override first (torch-free, a fraction of a
+second) and raises a :class:`~dpsub.errors.ConfigError` of one line naming it, with
+the closest valid names:
+
+* ``GROUP=OPTION`` (also each option of a sweep ``GROUP=a,b``): ``conf/GROUP/OPTION.yaml``
+  must exist; ``paper=`` is refused with a pointer to ``dpsub-reproduce``;
+* ``KEY=VALUE`` and ``~KEY``: the key must exist in the config composed with the group
+  choices (every combination of a sweep's); the message says which option of the group
+  has the key when the chosen one lacks it (``mechanism.num_bases`` without ``mechanism=gep``).
+
+Keys added with ``+KEY=VALUE`` are left to :func:`dpsub.config.validate`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from dpsub.errors import ConfigError
+from dpsub.paths import conf_dir
+
+__all__ = ["check_overrides", "config_groups", "group_options", "unknown_key", "closest"]
+
+#: Folders of conf/ that are not Hydra config groups a run can select.
+NOT_GROUPS = {"hydra": "Hydra's own settings", "paper": "paper tables (dpsub-reproduce TABLE)"}
+
+
+def config_groups() -> list[str]:
+    """The config groups a run can select (``conf/<group>/``), sorted."""
+    return sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name not in NOT_GROUPS)
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def closest(word: str, choices: list[str], n: int = 3) -> list[str]:
+    """The closest names to a mistyped ``word`` (difflib), or ``[]``."""
+    return difflib.get_close_matches(word, choices, n=n, cutoff=0.6)
+
+
+def _hint(word: str, choices: list[str], what: str = "closest") -> str:
+    near = closest(word, choices)
+    if near:
+        return f"{what}: {', '.join(near)}"
+    shown = ", ".join(choices[:12]) + (", ..." if len(choices) > 12 else "")
+    return f"choose from {shown}"
+
+
+def _check_option(group: str, option: str) -> None:
+    if group == "paper":
+        raise ConfigError(
+            f"paper={option}: conf/paper holds paper tables, not a config group; run a table "
+            f"with `dpsub-reproduce {option}` (docs/tables.md)"
+        )
+    options = group_options(group)
+    if option not in options and option != "null":
+        raise ConfigError(
+            f"{group}={option}: no {group} named {option!r} in conf/{group}/; "
+            + _hint(option, options)
+        )
+
+
+def _flat_keys(node, prefix: str = "") -> list[str]:
+    if not isinstance(node, DictConfig):
+        return []
+    out = []
+    for k in node:
+        key = f"{prefix}{k}"
+        out += [key, *_flat_keys(node._get_node(k), key + ".")]
+    return out
+
+
+def unknown_key(cfg: DictConfig, key: str) -> str | None:
+    """None if ``key`` exists in ``cfg``, else one line saying so, with the close keys."""
+    parts = key.split(".")
+    node = cfg
+    for i, part in enumerate(parts):
+        if isinstance(node, DictConfig) and part in node:
+            node = node._get_node(part)
+            continue
+        parent = ".".join(parts[:i])
+        if not isinstance(node, DictConfig):
+            return f"{key}: {parent} is a value, not a section (it is {node._value()!r})"
+        return _describe_missing(cfg, parent, part, node)
+    return None
+
+
+def _describe_missing(cfg: DictConfig, parent: str, part: str, node: DictConfig) -> str:
+    key = f"{parent}.{part}" if parent else part
+    siblings = [str(k) for k in node]
+    if not parent:  # top level: a key or a config group
+        near = closest(part, sorted(set(siblings) | set(config_groups())))
+        return f"{key}: no such key or config group" + (
+            f"; closest: {', '.join(near)}" if near else ""
+        )
+    is_group = parent in config_groups()
+    where = f"{parent}={node.get('name', '?')}" if is_group else parent
+    near = closest(part, siblings) or [s for s in siblings if s.startswith(part)][:3]
+    if near:
+        msg = f"{key}: no such key in {where}; closest: {', '.join(f'{parent}.{n}' for n in near)}"
+    elif len(siblings) <= 8:
+        msg = f"{key}: no such key; {where} has: {', '.join(siblings)}"
+    else:
+        msg = f"{key}: no such key in {where}"
+    if is_group:
+        owners = [o for o in group_options(parent) if part in OmegaConf.load(_yaml(parent, o))]
+        if owners:
+            msg += (
+                f"; {part} is a key of {parent}={', '.join(owners)} (select one with {parent}=...)"
+            )
+    return msg
+
+
+def _yaml(group: str, option: str) -> Path:
+    return conf_dir() / group / f"{option}.yaml"
+
+
+def _values(override) -> list[str]:
+    """The option(s) an override names (each option of a choice sweep)."""
+    if override.is_sweep_override():
+        if not override.is_choice_sweep() or override.value_type.name == "GLOB_CHOICE_SWEEP":
+            return []
+        return list(override.sweep_string_iterator())
+    return [override.get_value_element_as_str()]
+
+
+def _parse(overrides: list[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        first = str(e).strip().splitlines()[0]
+        raise ConfigError(f"cannot parse the overrides: {first}") from None
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Raise ConfigError (one line) for an override naming no group option or key."""
+    parsed = [o for o in _parse(overrides) if not o.is_hydra_override()]
+    groups = set(config_groups()) | {"paper"}
+    choices: list[list[str]] = []  # each group override's options, for the key checks
+    keys = []
+    for o in parsed:
+        name = o.key_or_group
+        if name in groups:
+            if not o.is_delete():
+                values = _values(o)
+                for v in values:
+                    _check_option(name, v)
+                choices.append([f"{'+' if o.is_add() else ''}{name}={v}" for v in values])
+        elif not (o.is_add() or o.is_force_add()):
+            keys.append(name)
+    if keys:
+        _check_keys(keys, choices)
+
+
+def _check_keys(keys: list[str], choices: list[list[str]]) -> None:
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        for job in itertools.product(*[c for c in choices if c]):
+            try:
+                cfg = compose(config_name="config", overrides=list(job))
+            except Exception as e:  # noqa: BLE001 -- Hydra's own message, one line
+                first = str(e).strip().splitlines()[0]
+                raise ConfigError(f"{' '.join(job)}: {first}") from None
+            for key in keys:
+                msg = unknown_key(cfg, key)
+                if msg:
+                    raise ConfigError(msg)
+
+
+# ------------------------------------------------------------------ resume
+def apply_to_saved(saved: DictConfig, overrides: list[str]) -> DictConfig:
+    """A run's saved config with ``KEY=VALUE`` and ``GROUP=OPTION`` overrides applied.
+
+    A group override replaces the group's node by that option's (``logger=disabled``);
+    a key must exist in the saved config or, for a section an older run lacks, in the
+    default one. Whether a change is allowed on resume is checked afterwards
+    (:func:`dpsub.training.checkpoint.changed_keys`). Raises ConfigError (one line).
+    """
+    from hydra import compose, initialize_config_dir
+
+    cfg = saved.copy()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        default = compose(config_name="config")
+        for o in _parse(overrides):
+            name, text = o.key_or_group, o.input_line
+            if o.is_sweep_override():
+                raise ConfigError(f"resume: {text}: one value per key (a sweep cannot resume)")
+            if name in config_groups() or name == "paper":
+                option = o.get_value_element_as_str()
+                _check_option(name, option)
+                node = compose(config_name="config", overrides=[f"{name}={option}"])[name]
+                OmegaConf.update(cfg, name, node, merge=False, force_add=True)
+                continue
+            msg = unknown_key(cfg, name)
+            if msg and unknown_key(default, name) is not None:
+                raise ConfigError(msg)
+            OmegaConf.update(cfg, name, o.value(), merge=False, force_add=True)
+    return cfg
