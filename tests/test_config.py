@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -42,8 +44,10 @@ def test_every_group_has_options():
 @pytest.mark.parametrize("mechanism", options("mechanism"))
 @pytest.mark.parametrize("dataset", options("dataset"))
 def test_compose_every_dataset_model_mechanism(dataset, mechanism):
+    # DP-Hero's measured accounting needs a fixed multiplier (test_dphero_needs_...)
+    fixed = ["privacy.noise_multiplier=1"] if mechanism == "dphero" else []
     for model in options("model"):
-        cfg = composed(f"dataset={dataset}", f"model={model}", f"mechanism={mechanism}")
+        cfg = composed(f"dataset={dataset}", f"model={model}", f"mechanism={mechanism}", *fixed)
         validate(cfg)
         assert cfg.dataset.name == dataset
         mcfg = OmegaConf.to_container(cfg.model)
@@ -66,6 +70,58 @@ def test_experiments_compose_as_an_ordinary_group(experiment):
     cfg = composed(f"experiment={experiment}")
     validate(cfg)
     assert cfg.run_name != "${dataset.name}-${model.name}-${mechanism.name}"
+
+
+#: ``experiment=NAME`` (and sweeps ``experiment=a,b``) where a user would copy it from
+EXPERIMENT_REF = re.compile(r"(?<![\w.])\+?experiment=([a-z0-9_]+(?:,[a-z0-9_]+)*)(?![\w${<])")
+
+
+def test_every_experiment_named_in_the_docs_configs_and_scripts_exists():
+    """A mistyped experiment fails now, so every one a document or config names must exist."""
+    repo = CONF_DIR.parent
+    files = [repo / "README.md", repo / "Makefile", *repo.glob("results/**/README.md")]
+    for folder, pattern in (("docs", "*.md"), ("conf", "*.yaml"), ("scripts", "*")):
+        files += (p for p in (repo / folder).rglob(pattern) if p.is_file())
+    known, seen = set(options("experiment")), set()
+    for path in files:
+        for names in EXPERIMENT_REF.findall(path.read_text(errors="replace")):
+            for name in names.split(","):
+                seen.add(name)
+                assert name in known, f"{path.relative_to(repo)}: experiment={name} does not exist"
+    assert {"demo", "gep_mnist_eps2", "dphero_mnist_lenet"} <= seen  # the scan finds them
+
+
+def test_model_options_match_the_constructors():
+    """validate() checks model.* keys against MODEL_OPTIONS without importing torch."""
+    import inspect
+
+    from dpsub.models import MODEL_OPTIONS, MODELS, model_class
+    from dpsub.models.wrn import wrn
+
+    assert set(MODEL_OPTIONS) == set(MODELS)
+    for name in MODELS:
+        ctor = wrn if name == "wrn" else model_class(name)  # wrn_for_shape(**kw) -> wrn
+        params = set(inspect.signature(ctor).parameters) - {"in_shape", "num_classes"}
+        assert set(MODEL_OPTIONS[name]) == params - {"in_channels"}, name
+    for path in (CONF_DIR / "model").glob("*.yaml"):
+        cfg = OmegaConf.load(path)
+        assert set(cfg) - {"name"} <= set(MODEL_OPTIONS[cfg.name]), path.name
+
+
+def test_an_unknown_model_option_names_the_key_and_the_close_ones():
+    with pytest.raises(ConfigError, match=r"^model\.gn_group: .*closest: gn_groups"):
+        validate(composed("model=wrn28_4", "+model.gn_group=2"))
+    validate(composed("model=wrn28_4", "+model.gn_groups=2"))
+
+
+def test_dphero_needs_a_fixed_noise_multiplier():
+    """Calibrated to privacy.epsilon (nominal), its honest epsilon spends the budget at once."""
+    with pytest.raises(ConfigError, match="experiment=dphero_mnist_lenet"):
+        validate(composed("mechanism=dphero"))
+    validate(composed("mechanism=dphero", "privacy.noise_multiplier=1"))
+    validate(composed("mechanism=dphero", "mechanism.accounting=nominal"))
+    validate(composed("mechanism=dphero_floor"))  # planned accounting: calibration is exact
+    validate(composed("experiment=dphero_mnist_lenet"))
 
 
 def test_mechanism_yaml_holds_exactly_the_declared_options():

@@ -107,3 +107,42 @@ def test_installed_dpsub_train_runs_from_another_directory(installed: Path, tmp_
     assert "final: test accuracy" in out and "epsilon" in out
     assert (tmp_path / "run" / "summary.json").is_file()
     assert not (tmp_path / "outputs").exists()  # nothing written where it was not asked
+
+
+def test_installed_script_commands_run_from_another_directory(installed: Path, tmp_path: Path):
+    """The scripts an install needs are console commands (dpsub/commands.py): each runs from
+    the wheel's own copy and puts its outputs under the working directory, not the venv."""
+    from dpsub.commands import COMMANDS
+
+    bin_dir = installed.parent
+    for command in COMMANDS:
+        out = _run(bin_dir / command, "--help", cwd=tmp_path)
+        assert out.startswith(f"usage: {command} "), command
+    code = "from dpsub.paths import project_root, scripts_dir; print(project_root(), scripts_dir())"
+    root, scripts = map(Path, _run(installed, "-c", code, cwd=tmp_path).split())
+    assert root == tmp_path and installed.parent.parent in scripts.parents
+    assert {p.name for p in scripts.iterdir()} == set(COMMANDS.values())
+    # a real use: the run the console script trains, summarized by the installed command
+    env = {**os.environ, "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    _run(
+        bin_dir / "dpsub-train", "experiment=demo", "train.max_steps=2", "train.eval_every=0",
+        "logger=disabled", "train.progress=false", f"out_dir={tmp_path / 'run'}",
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    table = _run(bin_dir / "dpsub-summarize", tmp_path / "run", cwd=tmp_path)
+    assert "| run |" in table and "digits" in table
+
+
+def test_every_command_s_script_is_in_the_wheel_list() -> None:
+    """pyproject.toml's entry points and force-include list name the same scripts."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    from dpsub.commands import COMMANDS
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    scripts = project["project"]["scripts"]
+    include = project["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    for command, script in COMMANDS.items():
+        assert scripts[command] == f"dpsub.commands:{command.removeprefix('dpsub-')}", command
+        assert include[f"scripts/{script}"] == f"dpsub/scripts/{script}"
+        assert (REPO / "scripts" / script).is_file()

@@ -1,0 +1,88 @@
+"""dpsub.data.files: the torch-free check of the data files agrees with the loaders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torchvision
+from omegaconf import OmegaConf
+
+from dpsub.data import DatasetNotFoundError, load_dataset
+from dpsub.data.aux import CIFAR100_FOLDER
+from dpsub.data.files import CIFAR100_TRAIN, DATASET_FILES, SVHN_FILES, check_files
+
+from conftest import SHARED, needs_shared
+
+FILE_BACKED = ["mnist", "fashion_mnist", "cifar10", "cifar10_subset", "svhn"]
+
+
+def cfg(root: Path, dataset: str, aux: dict | None = None, **extra):
+    return OmegaConf.create(
+        {"data": {"root": str(root), "download": False}, "dataset": {"name": dataset, **extra},
+         "aux": aux or {"name": "none"}}
+    )  # fmt: skip
+
+
+def test_file_names_are_torchvision_s():
+    tv = torchvision.datasets
+    assert DATASET_FILES["mnist"] == ("MNIST/raw", tuple(f for f, _ in tv.MNIST.resources))
+    fashion = tuple(f for f, _ in tv.FashionMNIST.resources)
+    assert DATASET_FILES["fashion_mnist"] == ("FashionMNIST/raw", fashion)
+    cifar = [f for f, _ in tv.CIFAR10.train_list + tv.CIFAR10.test_list]
+    assert DATASET_FILES["cifar10"] == (
+        tv.CIFAR10.base_folder,
+        (*cifar, tv.CIFAR10.meta["filename"]),
+    )
+    assert SVHN_FILES == {s: v[1] for s, v in tv.SVHN.split_list.items()}
+    assert CIFAR100_TRAIN == f"{CIFAR100_FOLDER}/train"
+
+
+@pytest.mark.parametrize("name", FILE_BACKED)
+def test_an_empty_root_fails_like_the_loader(tmp_path, name):
+    with pytest.raises(DatasetNotFoundError) as early:
+        check_files(cfg(tmp_path, name))
+    with pytest.raises(DatasetNotFoundError) as loader:
+        load_dataset(name, root=tmp_path)
+    for msg in (str(early.value), str(loader.value)):
+        assert f"Dataset '{name}' not found" in msg and str(tmp_path) in msg
+    first = str(loader.value).split("missing ")[1].split(",")[0].split(" ")[0]
+    assert first in str(early.value)
+
+
+def test_no_check_without_files_or_with_download(tmp_path):
+    for name in ("digits", "synthetic"):
+        check_files(cfg(tmp_path, name))
+    check_files(OmegaConf.merge(cfg(tmp_path, "mnist"), {"data": {"download": True}}))
+
+
+def test_extracted_idx_files_and_svhn_layouts(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for f in DATASET_FILES["mnist"][1]:
+        (raw / f.removesuffix(".gz")).touch()  # extracted copies count
+    check_files(cfg(tmp_path, "mnist"))
+    for split in ("train", "test"):
+        (tmp_path / SVHN_FILES[split]).touch()  # torchvision's layout: directly in root
+    check_files(cfg(tmp_path, "svhn"))
+    with pytest.raises(DatasetNotFoundError, match="extra_32x32.mat"):
+        check_files(cfg(tmp_path, "svhn", use_extra=True))
+
+
+def test_aux_files(tmp_path):
+    with pytest.raises(DatasetNotFoundError, match="tinyimagenet_val_32x32.npz"):
+        check_files(cfg(tmp_path, "digits", {"name": "natural", "path": None}))
+    with pytest.raises(DatasetNotFoundError, match="elsewhere.npz"):
+        check_files(
+            cfg(tmp_path, "digits", {"name": "natural", "path": str(tmp_path / "elsewhere.npz")})
+        )
+    with pytest.raises(DatasetNotFoundError, match="cifar-100-python/train"):
+        check_files(cfg(tmp_path, "digits", {"name": "cifar100", "download": False}))
+    check_files(cfg(tmp_path, "digits", {"name": "cifar100", "download": True}))
+    check_files(cfg(tmp_path, "digits", {"name": "gaussian"}))
+
+
+@needs_shared
+@pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "cifar10_subset"])
+def test_the_shared_data_passes(name):
+    check_files(cfg(SHARED, name, {"name": "natural", "path": None}))
