@@ -99,11 +99,17 @@ def test_dphero_with_its_defaults_is_refused_before_training(tmp_path):
     assert "experiment=dphero_mnist_lenet" in line and "honest epsilon" in line
 
 
-def test_a_budget_below_one_step_is_an_error_not_an_empty_run(tmp_path):
-    proc = run_cli(*SYNTH, "privacy.noise_multiplier=0.2", run_dir=tmp_path / "r", check=False)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "does not cover one step" in proc.stderr.strip().splitlines()[-1]
-    assert not (tmp_path / "r" / "summary.json").exists()
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["privacy.noise_multiplier=0.2"],  # planned: known before the run dir is made
+        ["mechanism=dphero", "privacy.noise_multiplier=2"],  # honest: known after one step
+    ],
+)
+def test_a_budget_below_one_step_is_an_error_not_an_empty_run(tmp_path, overrides):
+    """It was a 0-step run, exit 0, epsilon 0.0; now one line, exit 2, no run dir left."""
+    line = one_line_error(fails(tmp_path, *SYNTH, *overrides), "privacy.epsilon", "one step")
+    assert ("dphero_mnist_lenet" in line) == ("mechanism=dphero" in overrides)
 
 
 # ---------------------------------------------------------------------- resume

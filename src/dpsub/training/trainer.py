@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -184,16 +185,26 @@ def _stop_requested(run: Run, stop: _StopFlag) -> bool:
 
 
 # --------------------------------------------------------------------- run
-def _budget_below_one_step(run: Run, out: StepOutcome) -> ConfigError:
-    """``privacy.epsilon`` cannot pay for the first step (e.g. DP-Hero's honest epsilon)."""
+def _budget_below_one_step(run: Run, z: float) -> ConfigError:
+    """``privacy.epsilon`` cannot pay for the first step at multiplier ``z`` (a fixed
+    ``privacy.noise_multiplier`` too small, or DP-Hero's honest multiplier)."""
     p, name = run.cfg.privacy, run.mechanism.name
-    one = epsilon_for([(out.z_records, run.q, 1)], p.delta, p.accountant)
+    one = epsilon_for([(z, run.q, 1)], p.delta, p.accountant)
     hint = " (experiment=dphero_mnist_lenet: docs/dphero.md)" if "dphero" in name else ""
     return ConfigError(
         f"privacy.epsilon: the budget {p.epsilon} does not cover one step of {name} (epsilon "
-        f"{one:.4g} at the multiplier its noise gives, {out.z_records:.4g}); nothing was "
-        f"trained. Raise privacy.epsilon or the noise{hint}"
+        f"{one:.4g} at noise multiplier {z:.4g}); nothing was trained. Raise "
+        f"privacy.epsilon or the noise{hint}"
     )
+
+
+def _check_first_step(run: Run) -> None:
+    """Planned accounting: a budget below the first step is known before anything is written."""
+    if run.step or run.plan is None or run.mechanism.accounting != "planned":
+        return
+    z = run.plan.multiplier_at(0)
+    if not run.ledger.can_step(z, run.q):
+        raise _budget_below_one_step(run, z)
 
 
 def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> None:
@@ -266,7 +277,9 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
         log.setLevel(logging.WARNING)
     run = build_run(cfg, dist=dist)
     _start_or_resume(run, cfg, run_dir, resume)
+    _check_first_step(run)
     detach_log = lambda: None  # noqa: E731
+    fresh = dist.main and not run_dir.exists()
     if dist.main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resume:
@@ -274,6 +287,11 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
         detach_log = attach_run_log(run_dir / "train.log")
     try:
         result = _loop(run, cfg, run_dir)
+    except ConfigError:
+        detach_log()
+        if fresh and run.step == 0:  # refused before its first step: leave nothing behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     finally:
         detach_log()
     dist.shutdown()
@@ -328,7 +346,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
                 if out.stopped_by_budget:
                     if run.step == 0:  # nothing trained: an error, not a run that "succeeded"
                         logger.close()
-                        raise _budget_below_one_step(run, out)
+                        raise _budget_below_one_step(run, out.z_records)
                     stopped_by_budget = True
                     log.info("privacy budget spent after %d steps: stopping", run.step)
                     break
