@@ -1,8 +1,10 @@
 """The train entrypoint: ``dpsub-train`` / ``python -m dpsub.train``.
 
-* ``dpsub-train [overrides]``: Hydra composes ``conf/config.yaml``; dpsub validates
-  the config (torch-free, fast), builds the run and only then creates its directory
-  (``out_dir``; in a multirun ``<hydra.sweep.dir>/<job number>_<overrides>``).
+* ``dpsub-train [overrides]``: dpsub checks that every group option and key named
+  exists (``dpsub.overrides``), Hydra composes ``conf/config.yaml``, dpsub validates the
+  config and checks the data files, W&B key and device (torch-free where it can: fast),
+  builds the run and only then creates its directory (``out_dir``; in a multirun
+  ``<hydra.sweep.dir>/<job number>_<overrides>``).
 * ``dpsub-train -m ...``: a Hydra multirun. Every job of a plain sweep is composed and
   validated before the first one starts, so a bad value fails before anything is
   written.
@@ -30,6 +32,10 @@ from dpsub.errors import ConfigError, ResumeError, exit_code
 from dpsub.paths import conf_dir
 
 CONF_DIR = str(conf_dir())  # the wheel's dpsub/conf, or the repository's conf/
+MULTIRUN_FLAGS = ("-m", "--multirun")
+#: Hydra flags after which the overrides are not dpsub's (another config tree, completion)
+OWN_CONFIG_FLAGS = ("-cp", "--config-path", "-cd", "--config-dir", "-cn", "--config-name")
+OWN_CONFIG_FLAGS += ("-sc", "--shell-completion")
 
 
 def _groups_help() -> str:
@@ -40,10 +46,6 @@ def _groups_help() -> str:
 
 
 OmegaConf.register_new_resolver("dpsub_groups", _groups_help, replace=True)
-MULTIRUN_FLAGS = ("-m", "--multirun")
-#: Hydra flags after which the overrides are not dpsub's (another config tree, completion)
-OWN_CONFIG_FLAGS = ("-cp", "--config-path", "-cd", "--config-dir", "-cn", "--config-name")
-OWN_CONFIG_FLAGS += ("-sc", "--shell-completion")
 
 
 def fail(err: BaseException) -> None:
