@@ -186,6 +186,34 @@ MUTANTS = (
         "                s = s",
         ("tests/test_dphero.py", "-k", "floor"),
     ),
+    Mutant(
+        "audit-threshold-chosen-on-the-evaluated-trials",
+        "src/dpsub/audit/bounds.py",
+        "ev_in, ev_out = s_in[hi:], s_out[ho:]",
+        "ev_in, ev_out = s_in[:hi], s_out[:ho]",
+        ("tests/test_audit.py", "-k", "chance"),
+    ),
+    Mutant(
+        "audit-canary-not-clipped",
+        "src/dpsub/audit/canary.py",
+        "clipped, _ = clip_rows(self._canary(value.numel(), value.device)[None], clip)",
+        "clipped = self._canary(value.numel(), value.device)[None]",
+        ("tests/test_audit.py", "-k", "clipped"),
+    ),
+    Mutant(
+        "audit-half-noise-scores",
+        "src/dpsub/audit/whitebox.py",
+        'step.update(std_out=s_out.std, check_error=',
+        'step.update(std_out=s_out.std / 2, check_error=',
+        ("tests/test_audit.py", "-k", "one_over_z"),
+    ),
+    Mutant(
+        "onerun-delta-term-dropped",
+        "src/dpsub/audit/bounds.py",
+        "tail += float(window.max()) * delta * 2 * m",
+        "tail += 0.0",
+        ("tests/test_audit.py", "-k", "papers_maximum"),
+    ),
 )
 
 

@@ -58,7 +58,9 @@ def whitebox(cfg: DictConfig, audit: DictConfig) -> tuple[dict, object]:
         options = WhiteboxOptions(**opts)
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from None
-    run = build_run(cfg)
+    from dpsub.training.distributed import init_distributed
+
+    run = build_run(cfg, dist=init_distributed(cfg.device))  # torchrun: every rank audits
     return whitebox_audit(run, options), run
 
 
@@ -122,7 +124,9 @@ def run_audit(cfg: DictConfig, run_dir: Path) -> dict:
         if exit_code(e) is None:
             raise
         fail(e)
-    write(run_dir, cfg, audit, report, run)
+    if run.dist.main:
+        write(run_dir, cfg, audit, report, run)
+    run.dist.shutdown()
     return report
 
 

@@ -1,0 +1,156 @@
+"""Audit every mechanism at epsilon 1, 2, 4, 8 (white-box) and render results/audit/.
+
+    uv run python scripts/audit_table.py run [--only NAME]   # one run dir per (mechanism, epsilon)
+    uv run python scripts/audit_table.py dist                # DP-SGD over 2 ranks (torchrun, gloo)
+    uv run python scripts/audit_table.py onerun              # the one-run input-space audits
+    uv run python scripts/audit_table.py table               # table.md + lower_vs_upper.png
+
+A thin wrapper over dpsub.audit.cli.run_audit; the setting is SETTING below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "audit" / "runs"
+EPSILONS = (1, 2, 4, 8)
+#: one full-batch step (q = 1) of LeNet on 64 MNIST training images
+SETTING = ("dataset=mnist", "+dataset.train_size=64", "train.batch_size=64", "train.max_steps=1",
+           "model=lenet", "logger=disabled", "audit.trials=1000000", "audit.direct_trials=1000")  # fmt: skip
+AUX = ("aux=gaussian", "aux.num_samples=64", "mechanism.num_bases=32")
+MECHANISMS = {
+    "dpsgd-vmap": ("mechanism=dpsgd", "grads.backend=vmap"),
+    "dpsgd-opacus": ("mechanism=dpsgd", "grads.backend=opacus"),
+    "dpsgd-ghost": ("mechanism=dpsgd", "grads.backend=ghost"),
+    "gep": ("mechanism=gep", *AUX),
+    "bgep": ("mechanism=bgep", *AUX),
+    "pdpsgd": ("mechanism=pdpsgd", "aux.num_samples=32", "mechanism.num_bases=16", "+dataset.train_size=96"),
+    "rpdpsgd": ("mechanism=rpdpsgd", "mechanism.num_bases=16"),
+    "rgp": ("mechanism=rgp", "mechanism.rank=4"),
+    "rgp_random": ("mechanism=rgp_random", "mechanism.rank=4"),
+    "dppowersgd": ("mechanism=dppowersgd", "mechanism.rank=4"),
+    "dphero-honest": ("mechanism=dphero", "audit.direction=least_noisy"),
+    "dphero-nominal": ("mechanism=dphero", "mechanism.accounting=nominal", "audit.direction=least_noisy"),
+    "dphero_floor": ("mechanism=dphero_floor", "audit.direction=least_noisy"),
+}  # fmt: skip
+
+
+def overrides(name: str, eps: int) -> list[str]:
+    extra = list(MECHANISMS[name])
+    base = [o for o in SETTING if not (o.startswith("+dataset.train_size") and any(e.startswith("+dataset.train_size") for e in extra))]
+    return [*base, *extra, f"privacy.epsilon={eps}"]
+
+
+def run(only: str | None) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from dpsub.audit.cli import run_audit
+
+    for name in MECHANISMS:
+        if only and name != only:
+            continue
+        for eps in EPSILONS:
+            d = OUT / f"{name}_eps{eps}"
+            if (d / "audit.json").is_file():
+                continue
+            with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+                cfg = compose("dpsub_audit", overrides=overrides(name, eps))
+            r = run_audit(cfg, d)
+            print(name, eps, r["lower_bound"]["epsilon"], r["epsilon_upper"], flush=True)
+
+
+DIST = "dpsgd-2ranks"  # DP-SGD through the distributed path (torchrun --nproc_per_node 2)
+ONERUN = {  # MNIST, 10,000 training images, mnist_cnn, 1,000 mislabeled canaries
+    "onerun-dpsgd-eps8": ("mechanism=dpsgd", "privacy.epsilon=8"),
+    "onerun-dpsgd-eps2": ("mechanism=dpsgd", "privacy.epsilon=2"),
+    "onerun-nonprivate": ("mechanism=nonprivate",),
+}
+ONERUN_SETTING = ("dataset=mnist", "+dataset.train_size=10000", "model=mnist_cnn", "logger=disabled",
+                  "train.batch_size=256", "train.epochs=10", "optim.lr=0.5", "audit=onerun",
+                  "audit.canaries=1000", "audit.guesses=100")  # fmt: skip
+
+
+def dist() -> None:
+    import os
+    import subprocess
+
+    for eps in EPSILONS:
+        d = OUT / f"{DIST}_eps{eps}"
+        if (d / "audit.json").is_file():
+            continue
+        args = ["torchrun", "--nproc_per_node", "2", "-m", "dpsub.audit.cli",
+                *overrides("dpsgd-vmap", eps), "device=cpu", f"out_dir={d}"]  # fmt: skip
+        subprocess.run(args, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def onerun() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from dpsub.audit.cli import run_audit
+
+    for name, extra in ONERUN.items():
+        d = OUT / name
+        if (d / "audit.json").is_file():
+            continue
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("dpsub_audit", overrides=[*ONERUN_SETTING, *extra])
+        r = run_audit(cfg, d)
+        print(name, r["lower_bound"]["epsilon"], r["epsilon_upper"], r["trials"], flush=True)
+
+
+def table() -> None:
+    rows, pts = [], []
+    for name in [*MECHANISMS, DIST]:
+        for eps in EPSILONS:
+            f = OUT / f"{name}_eps{eps}" / "audit.json"
+            if not f.is_file():
+                continue
+            r = json.loads(f.read_text())
+            nominal = r.get("epsilon_nominal")
+            lb = r["lower_bound"]["epsilon"]
+            rows.append(
+                f"| {name} | {eps} | {r['noise_multiplier']:.4f} | {lb:.3f} | {r['gdp']['epsilon']:.3f} "
+                f"| {r['gdp']['mu']:.4f} | {r['epsilon_upper']:.4g} | "
+                f"{'' if nominal is None else f'{nominal:.3f}'} | {r['trials']['in']}+{r['trials']['out']} "
+                f"({r['trials']['mode']}) | {'**yes**' if r['exceeds_upper'] else 'no'} |"
+            )
+            pts.append((name, nominal if nominal is not None else r["epsilon_upper"], lb, r["gdp"]["epsilon"]))
+    head = ("| mechanism | target eps | z | lower bound (CP 95%) | mu-GDP fit eps | fitted mu | "
+            "accountant eps | nominal eps | trials (in+out) | lower > accountant? |\n|---|---:|---:|---:|---:|---:|---:|---:|---|---|")  # fmt: skip
+    (OUT.parent / "table.md").write_text(head + "\n" + "\n".join(rows) + "\n")
+    (OUT.parent / "figure_data.json").write_text(json.dumps(pts, indent=1) + "\n")
+    plot(pts)
+
+
+def plot(pts) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    names = sorted({p[0] for p in pts})
+    for i, n in enumerate(names):
+        xs = [p[1] for p in pts if p[0] == n]
+        ys = [p[2] for p in pts if p[0] == n]
+        ax.plot(xs, ys, "o-", ms=4, label=n, color=plt.cm.tab20(i))
+    ax.plot([0.5, 9], [0.5, 9], "k--", lw=1, label="lower = upper")
+    ax.set_xscale("log")
+    ax.set_xlabel("accountant epsilon (DP-Hero nominal: the paper's)")
+    ax.set_ylabel("measured lower bound (Clopper-Pearson 95%)")
+    ax.set_title("White-box audit, one full-batch step, LeNet on 64 MNIST images")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(OUT.parent / "lower_vs_upper.png", dpi=120)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["run", "dist", "onerun", "table"])
+    ap.add_argument("--only")
+    a = ap.parse_args()
+    sys.exit({"run": lambda: run(a.only), "dist": dist, "onerun": onerun, "table": table}[a.what]())
