@@ -69,7 +69,7 @@ ONERUN = {  # MNIST, 10,000 training images, mnist_cnn, 1,000 mislabeled canarie
     "onerun-dpsgd-eps2": ("mechanism=dpsgd", "privacy.epsilon=2"),
     "onerun-nonprivate": ("mechanism=nonprivate",),
 }
-ONERUN_SETTING = ("dataset=mnist", "+dataset.train_size=10000", "model=mnist_cnn", "logger=disabled",
+ONERUN_SETTING = ("dataset=mnist", "dataset.train_size=10000", "model=mnist_cnn", "logger=disabled",
                   "train.batch_size=256", "train.epochs=10", "optim.lr=0.5", "audit=onerun",
                   "audit.canaries=1000", "audit.guesses=100")  # fmt: skip
 

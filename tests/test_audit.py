@@ -57,6 +57,23 @@ def test_threshold_chosen_apart_from_evaluation_is_not_fooled_by_chance() -> Non
     assert positive <= 4
 
 
+def test_rates_are_counted_on_the_trials_the_threshold_never_saw(monkeypatch) -> None:
+    seen = {}
+    real = bounds._best_threshold
+
+    def spy(s_in, s_out, delta, alpha):
+        seen["in"], seen["out"] = set(s_in.tolist()), set(s_out.tolist())
+        return real(s_in, s_out, delta, alpha)
+
+    monkeypatch.setattr(bounds, "_best_threshold", spy)
+    rng = np.random.default_rng(0)
+    s_in, s_out = 1 + rng.standard_normal(2001), rng.standard_normal(3001)
+    rb = bounds.split_threshold_bound(s_in, s_out, 1e-5, rng=rng)
+    assert rb.n_in == 2001 - len(seen["in"]) and rb.n_out == 3001 - len(seen["out"])
+    assert rb.false_pos == sum(x >= rb.threshold for x in s_out if x not in seen["out"])
+    assert rb.false_neg == sum(x < rb.threshold for x in s_in if x not in seen["in"])
+
+
 def test_gdp_epsilon_solves_the_gdp_curve() -> None:
     for mu in (0.25, 1.0, 2.0):
         eps = bounds.gdp_epsilon(mu, 1e-5)

@@ -44,9 +44,10 @@ def canary_vector(dim: int, kind: str, norm: float, generator: torch.Generator, 
 class CanaryEngine:
     """A GradEngine whose private batch holds one more example with gradient ``make(dim)``."""
 
-    def __init__(self, engine, make: Callable[[int], Tensor]):
+    def __init__(self, engine, make: Callable[[int], Tensor], holder: bool = True):
         self._engine = engine
         self._make = make
+        self.holder = holder  # several ranks: only rank 0's shard holds the canary
         self.private_x: Tensor | None = None  # the batch the canary joins
         self.on = False
         self.applied = 0  # how many sums / row streams got the canary (checked by the audit)
@@ -64,6 +65,8 @@ class CanaryEngine:
         value = out.sum.value
         clipped, _ = clip_rows(self._canary(value.numel(), value.device)[None], clip)
         self.applied += 1
+        if not self.holder:
+            return out
         return ClippedSum(Sensitive(value + clipped[0], out.sum.sensitivity), out.stats)
 
     def per_example(self, x: Tensor, y: Tensor, target=None) -> Iterator[Chunk]:
@@ -79,4 +82,5 @@ class CanaryEngine:
             dim = (target or self._engine.target).layout.dim
         self.applied += 1
         row = self._canary(dim, x.device)[None]
-        yield Chunk(row, torch.zeros(1, device=x.device), torch.zeros(1, dtype=torch.bool))
+        if self.holder:
+            yield Chunk(row, torch.zeros(1, device=x.device), torch.zeros(1, dtype=torch.bool))

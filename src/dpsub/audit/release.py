@@ -101,7 +101,8 @@ class Replayer:
         priv.begin_step()
         ctx = StepContext(run.step, run.total_steps, run.cfg.train.batch_size, z, priv, run.rng)
         real, mech.engine = mech.engine, self.canary
-        wanted = with_canary and run.dist.main  # one canary: rank 0's shard holds it
+        self.canary.holder = run.dist.main  # one canary: rank 0's shard holds it
+        wanted = with_canary
         self.canary.on, before = wanted, self.canary.applied
         try:
             res = mech.step(self.x, self.y, ctx)
