@@ -88,7 +88,8 @@ def onerun_audit(cfg, audit, log=None) -> tuple[dict, object]:
         if train_step(run).stopped_by_budget:
             break
         if log is not None and cfg.train.log_every and run.step % cfg.train.log_every == 0:
-            log.info("step %d/%d | epsilon %.4f", run.step, run.total_steps, run.ledger.epsilon())
+            eps = run.ledger.epsilon() if run.ledger is not None else math.inf
+            log.info("step %d/%d | epsilon %.4f", run.step, run.total_steps, eps)
     losses = canary_losses(run.model, cx.to(run.device), cy.to(run.device))
     m = int(audit.canaries)
     r, v = guesses(losses, included, int(audit.guesses))
