@@ -208,6 +208,13 @@ MUTANTS = (
         ("tests/test_audit.py", "-k", "one_over_z"),
     ),
     Mutant(
+        "audit-canary-on-every-rank",
+        "src/dpsub/audit/release.py",
+        "self.canary.holder = run.dist.main",
+        "self.canary.holder = True",
+        ("tests/test_audit.py", "-k", "two_ranks"),
+    ),
+    Mutant(
         "onerun-delta-term-dropped",
         "src/dpsub/audit/bounds.py",
         "tail += float(window.max()) * delta * 2 * m",
