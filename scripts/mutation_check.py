@@ -203,8 +203,8 @@ MUTANTS = (
     Mutant(
         "audit-half-noise-scores",
         "src/dpsub/audit/whitebox.py",
-        'step.update(std_out=s_out.std, check_error=',
-        'step.update(std_out=s_out.std / 2, check_error=',
+        "step.update(std_out=s_out.std, check_error=",
+        "step.update(std_out=s_out.std / 2, check_error=",
         ("tests/test_audit.py", "-k", "one_over_z"),
     ),
     Mutant(
