@@ -138,6 +138,12 @@ def main(cfg: DictConfig) -> float:
 
 
 def cli() -> None:
+    """Unknown groups, options and training keys: one line and exit 2 (as dpsub-train)."""
+    import sys
+
+    from dpsub.train import check_args
+
+    check_args([a for a in sys.argv[1:] if not a.lstrip("+~").startswith("audit.")])
     main()
 
 
