@@ -4,7 +4,9 @@ Every log step becomes one plain line (``step 200/1200 | epsilon 0.81 | test acc
 38.5 steps/s``) and every evaluation another, on the console and in the run's
 ``train.log``. A tqdm bar is added only when ``train.progress`` is on *and* stderr is a
 terminal (redirected output and Slurm logs get plain lines, no carriage returns);
-the lines then print above the bar.
+the lines then print above the bar: while it is drawn, every console handler (the root
+logger's, which Hydra's ``job_logging`` installs, and any on ``dpsub``) writes through
+``tqdm.write``, so each line appears once and the bar is redrawn below it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,45 @@ def _eps(metrics: dict) -> str:
     return "inf" if not math.isfinite(e) else f"{e:.4f}"
 
 
+def _is_console(h: logging.Handler) -> bool:
+    is_stream = isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+    return is_stream and h.stream in (sys.stdout, sys.stderr)
+
+
+class _BarSafeHandler(logging.StreamHandler):
+    """A console handler that clears the bar, prints the line and redraws the bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm.auto import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 -- logging's own convention
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def console_above_bar():
+    """Swap the root's and ``dpsub``'s console handlers for bar-safe ones (same format,
+    level and stream); put the originals back on exit."""
+    swapped = []
+    for logger in (logging.getLogger(), log):
+        for h in list(logger.handlers):
+            if _is_console(h):
+                safe = _BarSafeHandler(h.stream)
+                safe.setFormatter(h.formatter)
+                safe.setLevel(h.level)
+                logger.removeHandler(h)
+                logger.addHandler(safe)
+                swapped.append((logger, h, safe))
+    try:
+        yield
+    finally:
+        for logger, h, safe in swapped:
+            logger.removeHandler(safe)
+            logger.addHandler(h)
+
+
 class Progress:
     def __init__(self, total: int, initial: int, enabled: bool, split: str = "test"):
         self.total, self.split = total, split
@@ -54,10 +95,9 @@ class Progress:
         self._redirect = contextlib.ExitStack()
         if enabled and sys.stderr.isatty():
             from tqdm.auto import tqdm
-            from tqdm.contrib.logging import logging_redirect_tqdm
 
             self.bar = tqdm(total=total, initial=initial, dynamic_ncols=True)
-            self._redirect.enter_context(logging_redirect_tqdm([log]))
+            self._redirect.enter_context(console_above_bar())
 
     def log(self, step: int, metrics: dict, acc: float | None) -> None:
         log.info(
