@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import REPO, cli_command
+from conftest import REPO, cli_command, run_cli
 
 pty = pytest.importorskip("pty")  # POSIX only
 
@@ -88,3 +88,22 @@ def test_progress_bar_in_a_terminal_prints_each_log_line_once_above_the_bar(tmp_
     assert raw.count("[INFO] step 4/12") == 1  # not redrawn: printed once
     log = (tmp_path / "run" / "train.log").read_text()
     assert log.count("step 4/12 |") == 1 and "it/s" not in log
+
+
+def test_header_names_aux_backend_world_and_wandb_and_resume_is_marked_in_train_log(tmp_path):
+    """Issue 19.10: the header says where W&B writes and in which mode; the resume marker
+    reaches ``train.log`` (it went to the console only)."""
+    run_dir = tmp_path / "run"
+    first = run_cli(*DEMO[:2], "train.max_steps=2", "logger.mode=offline", run_dir=run_dir)
+    shown = first.stdout + first.stderr
+    wandb_dirs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(wandb_dirs) == 1
+    assert f"W&B offline in {wandb_dirs[0]} (upload later: wandb sync {wandb_dirs[0]})" in shown
+    for line in ("aux              none", "grads            backend vmap, microbatch",
+                 "(world size 1)", f"logger           {run_dir / 'metrics.jsonl'}"):  # fmt: skip
+        assert line in shown, line
+    second = run_cli("resume=" + str(run_dir))
+    assert "W&B disabled" in second.stdout + second.stderr
+    log = (run_dir / "train.log").read_text()
+    marker = log.index(f"resumed {run_dir} at step 2")
+    assert log.index("final: test accuracy") < marker < log.rindex("final: test accuracy")

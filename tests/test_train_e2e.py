@@ -231,6 +231,7 @@ def test_kill_and_resume_reaches_the_same_run(tmp_path, references, mech, sig):
     assert sum(n for _, _, n in state["ledger"]["history"]) == reference.steps  # counted once
     lines = [m["step"] for m in read_metrics(run_dir) if "z_eff" in m]
     assert lines == list(range(1, reference.steps + 1))  # each step logged once after resume
+    assert f"resumed {run_dir} at step {killed_at}" in (run_dir / "train.log").read_text()
 
 
 def test_secure_mode_resume_charges_the_lost_steps_again(tmp_path, references):

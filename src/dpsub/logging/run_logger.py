@@ -75,6 +75,16 @@ class RunLogger:
                 settings=wandb.Settings(console="off", silent=True),
             )
 
+    def describe(self) -> str:
+        """One line: where the metrics go, and W&B's mode and files (or that it is off)."""
+        where = f"{self.path}"
+        if self.wandb_run is None:
+            return f"{where}; W&B {self.mode} (logger.mode)"
+        if self.mode == "offline":
+            sync_dir = self.wandb_run.settings.sync_dir
+            return f"{where}; W&B offline in {sync_dir} (upload later: wandb sync {sync_dir})"
+        return f"{where}; W&B {self.mode}: {self.wandb_run.url}"
+
     def _truncate_after(self, step: int) -> None:
         """On resume, drop lines from steps the crashed run did after its checkpoint."""
         keep = [

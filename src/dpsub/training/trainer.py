@@ -207,8 +207,10 @@ def _check_first_step(run: Run) -> None:
         raise _budget_below_one_step(run, z)
 
 
-def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> None:
-    """Restore ``run`` from ``run_dir``'s checkpoint (checked), or refuse an unintended resume."""
+def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> list[str]:
+    """Restore ``run`` from ``run_dir``'s checkpoint (checked), or refuse an unintended resume.
+
+    Returns the lines to log once ``train.log`` is attached (the resume marker)."""
     ckpt = load_checkpoint(run_dir, map_location=run.device)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     fp = data_fingerprint(run.data.train_x, run.data.train_y)
@@ -218,41 +220,46 @@ def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> 
             raise ResumeError(
                 f"resume: {run_dir} has no {run_dir / 'checkpoint.pt'}; nothing to resume"
             )
-        return
+        return []
     if not resume:
         raise ResumeError(
             f"out_dir: {run_dir} already holds a run; continue it with resume={run_dir}"
         )
     check_resume(ckpt["config"], resolved, ckpt.get("data_fingerprint"), fp)
     load_run_state(run, ckpt["state"])
+    notes = []
     if run.secure:  # fresh secret noise from here on: charge every step that ever ran
         journal = journal_ledger(run_dir)
         if journal is not None and journal.steps > run.ledger.steps:
-            log.warning(
-                "secure mode: %d steps ran after the checkpoint and are charged again",
-                journal.steps - run.ledger.steps,
+            notes.append(
+                f"secure mode: {journal.steps - run.ledger.steps} steps ran after the "
+                "checkpoint and are charged again"
             )
             run.ledger = journal
-    log.info(
-        "resumed %s at step %d (epsilon spent %.4f)",
-        run_dir,
-        run.step,
-        epsilons(run, False).get("epsilon", math.nan),
+    eps = epsilons(run, False).get("epsilon", math.nan)
+    notes.append(
+        f"resumed {run_dir} at step {run.step} (epsilon spent {eps:.4f}); "
+        "steps after it logged above are run again"
     )
+    return notes
 
 
-def _header(run: Run) -> dict:
+def _header(run: Run, logger) -> dict:
     p = run.cfg.privacy
+    engine = run.engine
     return {
         "dataset": run.data.describe(),
+        "aux": run.aux.describe() if run.aux is not None else "none",
         "model": f"{type(run.model).__name__} ({count_parameters(run.model):,} parameters)",
         "mechanism": run.mechanism.name,
         "sampling": f"{p.sampling} q={run.q:.5f} (B={run.cfg.train.batch_size}, N={len(run.data.train_y)})",
         "steps": run.total_steps,
         "noise_multiplier": run.z,
         "target": f"epsilon={p.epsilon} delta={p.delta} ({p.accountant}, rng {p.rng})",
-        "device": str(run.device),
-        "microbatch": run.engine.microbatch,
+        "device": f"{run.device} (world size {run.dist.world})",
+        "grads": f"backend {engine.backend}, microbatch {engine.microbatch}"
+        + (", compiled" if engine.compile else ""),
+        "logger": logger.describe(),
     }
 
 
@@ -260,6 +267,9 @@ class _NoLogger:
     """Ranks other than 0 write nothing."""
 
     def log(self, *a) -> None: ...
+    def describe(self) -> str:
+        return "rank 0 writes the logs"
+
     def summary(self, *a) -> None: ...
     def close(self) -> None: ...
 
@@ -276,7 +286,7 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
     if not dist.main:
         log.setLevel(logging.WARNING)
     run = build_run(cfg, dist=dist)
-    _start_or_resume(run, cfg, run_dir, resume)
+    notes = _start_or_resume(run, cfg, run_dir, resume)
     _check_first_step(run)
     detach_log = lambda: None  # noqa: E731
     fresh = dist.main and not run_dir.exists()
@@ -285,6 +295,8 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
         if not resume:
             OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         detach_log = attach_run_log(run_dir / "train.log")
+    for line in notes:  # after attaching: train.log marks where a resumed run continues
+        (log.warning if line.startswith("secure") else log.info)(line)
     try:
         result = _loop(run, cfg, run_dir)
     except ConfigError:
@@ -309,7 +321,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
         if main
         else _NoLogger()
     )
-    for k, v in _header(run).items():
+    for k, v in _header(run, logger).items():
         log.info("%-16s %s", k, v)
     if cfg.privacy.sampling == "shuffle" and run.mechanism.private:
         log.warning("privacy.sampling=shuffle: the reported epsilon assumes Poisson sampling")
