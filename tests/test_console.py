@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import time
 
 import pytest
@@ -107,3 +108,22 @@ def test_header_names_aux_backend_world_and_wandb_and_resume_is_marked_in_train_
     log = (run_dir / "train.log").read_text()
     marker = log.index(f"resumed {run_dir} at step 2")
     assert log.index("final: test accuracy") < marker < log.rindex("final: test accuracy")
+
+
+def test_the_plan_is_the_first_line_before_torch_is_imported(tmp_path):
+    """Issue 19.11: nothing was printed for 13-25 s (imports, data, W&B). The plan line comes
+    before ``import torch`` (one stream: ``-X importtime`` on stderr, unbuffered stdout)."""
+    args, env = cli_command(*DEMO, "train.max_steps=2", run_dir=tmp_path / "run")
+    args = [args[0], "-X", "importtime", *args[1:]]
+    proc = subprocess.run(
+        args, cwd=REPO, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    lines = proc.stdout.splitlines()
+    logged = [i for i, ln in enumerate(lines) if "[INFO]" in ln]
+    torch_at = next(i for i, ln in enumerate(lines) if re.search(r"\|\s+torch(\.|$)", ln))
+    assert "plan: dpsgd on digits with mnist_cnn | epsilon 3.0" in lines[logged[0]]
+    assert "at most 2 steps" in lines[logged[0]] and str(tmp_path / "run") in lines[logged[0]]
+    assert logged[0] < torch_at
+    assert not any(re.search(r"\| +opacus$", ln) for ln in lines)  # accounting needs no opacus

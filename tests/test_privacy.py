@@ -145,3 +145,38 @@ def test_ledger_file_round_trip(tmp_path):
     again = PrivacyLedger.load(tmp_path / "ledger.json")
     assert again.history == led.history and again.plan == led.plan
     assert again.epsilon() == led.epsilon()
+
+
+# ------------------------------------------------------ Opacus without its package
+def test_rdp_orders_and_calibration_equal_opacus_exactly():
+    """dpsub loads Opacus' RDP analysis without ``opacus/__init__`` (5 s of imports) and runs
+    ``get_noise_multiplier``'s search itself: the orders and multipliers must stay Opacus'."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.utils import get_noise_multiplier
+
+    from dpsub.privacy.accountant import DEFAULT_ORDERS
+
+    assert list(DEFAULT_ORDERS) == RDPAccountant.DEFAULT_ALPHAS
+    for eps, q, steps in [(2.0, 256 / 60000, 2000), (0.5, 0.01, 300), (8.0, 0.2, 56), (3, 1, 4)]:
+        ours = calibrate_noise(eps, DELTA, q, steps, "rdp")
+        theirs = get_noise_multiplier(
+            target_epsilon=eps, target_delta=DELTA, sample_rate=q, steps=steps, accountant="rdp"
+        )
+        assert ours == theirs, (eps, q, steps)
+        acc = RDPAccountant()
+        acc.history = [(ours, q, steps)]
+        assert epsilon_for([(ours, q, steps)], DELTA, "rdp") == acc.get_epsilon(delta=DELTA)
+
+
+def test_rdp_accounting_does_not_import_the_opacus_package():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from dpsub.privacy import calibrate_noise, PrivacyLedger; "
+        "calibrate_noise(2.0, 1e-5, 0.01, 100); led = PrivacyLedger(delta=1e-5); "
+        "led.step(1.0, 0.01); led.epsilon(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'opacus'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -59,13 +59,37 @@ def fail(err: BaseException) -> None:
     sys.exit(exit_code(err))
 
 
+def plan_line(cfg: DictConfig) -> str:
+    """What a run will do, in one line, from the config alone (no torch, no data)."""
+    p, t = cfg.privacy, cfg.train
+    if cfg.mechanism.name == "nonprivate":
+        budget = "non-private"
+    elif p.noise_multiplier is not None:
+        budget = f"noise multiplier {p.noise_multiplier}, epsilon <= {p.epsilon}"
+    else:
+        budget = f"epsilon {p.epsilon}"
+    budget += f" (delta {p.delta}, {p.accountant}, {p.sampling})"
+    steps = f"{t.epochs} epochs of batch {t.batch_size}"
+    steps += f", at most {t.max_steps} steps" if t.max_steps is not None else ""
+    aux = "" if cfg.aux.name == "none" else f", aux {cfg.aux.name}"
+    return (
+        f"plan: {cfg.mechanism.name} on {cfg.dataset.name} with {cfg.model.name}{aux} | "
+        f"{budget} | {steps}"
+    )
+
+
 def run(cfg: DictConfig, run_dir: Path, resume: bool = False) -> float:
-    """Validate, train, and turn dpsub's errors into one line and an exit code."""
+    """Validate, say the plan, train; turn dpsub's errors into one line and an exit code."""
+    import logging
+    import os
+
     from dpsub.config import check_environment, validate
 
     try:
         validate(cfg)  # before torch is imported: bad values fail in well under a second
         check_environment(cfg)  # data files, W&B key (torch-free), then the device
+        if os.environ.get("RANK", "0") == "0":  # the plan first: torch takes seconds to import
+            logging.getLogger("dpsub").info("%s -> %s", plan_line(cfg), run_dir)
         from dpsub.training.trainer import train
 
         return train(cfg, run_dir, resume=resume).test_accuracy
