@@ -41,7 +41,6 @@ import os
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -366,21 +365,16 @@ def launch(jobs: list[tables.Job], sweep_dir: Path, hydra_ov: list[str]) -> None
 
 
 def _task(cfg: DictConfig) -> float:
-    """One job: compose its config, then train (or resume) in its run dir."""
+    """One job: compose its config, then train, resume or skip it (dpsub.sweeps.run_job:
+    a failure is logged and recorded in the sweep folder; the other jobs go on)."""
     from hydra import compose
 
-    from dpsub.train import run
+    from dpsub.sweeps import run_job
+    from dpsub.train import train_run
 
     job = json.loads(Path(cfg.reproduce.jobs).read_text())[int(cfg.reproduce.index)]
-    run_dir = Path(job["dir"])
-    try:
-        jcfg = compose(config_name="config", overrides=job["overrides"])
-        return run(jcfg, run_dir, resume=(run_dir / CKPT).is_file())
-    except SystemExit as e:  # dpsub's one-line errors: report, go on with the other jobs
-        log.error("job %s failed (exit %s)", run_dir, e.code)
-    except Exception:  # noqa: BLE001
-        log.error("job %s failed:\n%s", run_dir, traceback.format_exc())
-    return math.nan
+    jcfg = compose(config_name="config", overrides=job["overrides"])  # validated by compose_all
+    return run_job(jcfg, Path(job["dir"]), train_run, f"job {job['dir']}")
 
 
 def hydra_main() -> None:

@@ -78,21 +78,26 @@ def plan_line(cfg: DictConfig) -> str:
     )
 
 
-def run(cfg: DictConfig, run_dir: Path, resume: bool = False) -> float:
-    """Validate, say the plan, train; turn dpsub's errors into one line and an exit code."""
+def train_run(cfg: DictConfig, run_dir: Path, resume: bool = False) -> float:
+    """Validate, say the plan, train; return the evaluation accuracy (dpsub errors raise)."""
     import logging
     import os
 
     from dpsub.config import check_environment, validate
 
-    try:
-        validate(cfg)  # before torch is imported: bad values fail in well under a second
-        check_environment(cfg)  # data files, W&B key (torch-free), then the device
-        if os.environ.get("RANK", "0") == "0":  # the plan first: torch takes seconds to import
-            logging.getLogger("dpsub").info("%s -> %s", plan_line(cfg), run_dir)
-        from dpsub.training.trainer import train
+    validate(cfg)  # before torch is imported: bad values fail in well under a second
+    check_environment(cfg)  # data files, W&B key (torch-free), then the device
+    if os.environ.get("RANK", "0") == "0":  # the plan first: torch takes seconds to import
+        logging.getLogger("dpsub").info("%s -> %s", plan_line(cfg), run_dir)
+    from dpsub.training.trainer import train
 
-        return train(cfg, run_dir, resume=resume).test_accuracy
+    return train(cfg, run_dir, resume=resume).test_accuracy
+
+
+def run(cfg: DictConfig, run_dir: Path, resume: bool = False) -> float:
+    """:func:`train_run`, with dpsub's errors turned into one line and an exit code."""
+    try:
+        return train_run(cfg, run_dir, resume)
     except Exception as e:  # noqa: BLE001 -- dpsub's own errors become one line
         if exit_code(e) is None:
             raise
@@ -115,6 +120,14 @@ def job_dir(cfg: DictConfig) -> Path:
 def main(cfg: DictConfig) -> float:
     if cfg.resume is not None:
         fail(ResumeError("resume: use `dpsub-train resume=<run dir>` on its own, not in a sweep"))
+    if HydraConfig.get().mode == RunMode.MULTIRUN:  # finished: skipped; failed: recorded
+        from dpsub.sweeps import run_job
+
+        hc = HydraConfig.get()
+        name = f"job {hc.job.num}" + (
+            f" ({hc.job.override_dirname})" if hc.job.override_dirname else ""
+        )
+        return run_job(cfg, job_dir(cfg), train_run, name)
     return run(cfg, job_dir(cfg))  # the value a Hydra sweeper would optimize
 
 
@@ -159,28 +172,35 @@ def configure_logging() -> None:
 
 
 # ---------------------------------------------------------------- sweeps
-def validate_sweep(args: list[str]) -> None:
-    """Compose and validate every job of a plain Hydra sweep before any job starts."""
-    from hydra import compose, initialize_config_dir
+def validate_sweep(args: list[str]) -> str | None:
+    """Validate every job of a plain Hydra sweep (and find its data) before any starts;
+    return the sweep folder (dpsub.sweeps)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from dpsub.config import validate
+    from dpsub.sweeps import check_jobs
 
-    overrides = [
-        a for a in args if not a.startswith("-") and not a.startswith(("hydra.", "hydra/"))
-    ]
+    hydra_ov = [a for a in args if a.startswith(("hydra.", "hydra/"))]
+    overrides = [a for a in args if not a.startswith("-") and a not in hydra_ov]
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
         jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     except Exception:  # noqa: BLE001 -- a syntax Hydra itself will report
-        return
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        for i, job in enumerate(jobs):
-            try:
-                validate(compose(config_name="config", overrides=job))
-            except ConfigError as e:
-                fail(ConfigError(f"{e} (sweep job {i}: {' '.join(job)}); no job was started"))
+        return None
+    return check_jobs(jobs, hydra_ov, CONF_DIR)
+
+
+def multirun(args: list[str]) -> None:
+    """``-m``: check every job, fix the sweep folder, run the jobs, report failed ones."""
+    from dpsub import sweeps
+    from dpsub.tables import _quote
+
+    sweep_dir = validate_sweep(args)
+    if sweep_dir and not any(a.startswith("hydra.sweep.dir=") for a in args):
+        sys.argv.append(f"hydra.sweep.dir={_quote(sweep_dir)}")  # the folder named above
+    sweeps.start(sweep_dir)
+    main()
+    sweeps.report(sweep_dir)
 
 
 def check_args(args: list[str]) -> None:
@@ -199,11 +219,22 @@ def cli() -> None:
     """``dpsub-train [experiment=NAME] [overrides]`` (see the module docstring)."""
     args = sys.argv[1:]
     if any(a.startswith("resume=") for a in args) and not any(a in MULTIRUN_FLAGS for a in args):
-        resume(args)
-        return
+        target = Path([a for a in args if a.startswith("resume=")][-1].split("=", 1)[1])
+        from dpsub import sweeps
+
+        if not sweeps.is_sweep_dir(target):
+            resume(args)
+            return
+        try:  # a sweep's folder: run that sweep again; finished jobs are skipped
+            sys.argv[1:] = args = sweeps.continue_args(
+                target, [a for a in args if not a.startswith("resume=")]
+            )
+        except ConfigError as e:
+            fail(e)
     check_args(args)
     if any(a in MULTIRUN_FLAGS for a in args):
-        validate_sweep(args)
+        multirun(args)
+        return
     main()
 
 

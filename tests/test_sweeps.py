@@ -1,0 +1,100 @@
+"""Sweeps (``dpsub-train -m``): bad jobs found up front, a failing job does not stop the
+others, and an interrupted sweep continues (docs/sweeps.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+SMALL = ("train.max_steps=2", "train.eval_every=0")
+
+
+def job_dirs(sweep: Path) -> dict[str, Path]:
+    return {p.name.split("_")[0]: p for p in sweep.iterdir() if p.is_dir()}
+
+
+def test_a_job_without_its_data_fails_the_sweep_before_any_job_starts(tmp_path):
+    """Issue 19.4: the CIFAR-10 job stopped the sweep and the digits job never ran."""
+    sweep = tmp_path / "sweep"
+    proc = run_cli(
+        "-m", "dataset=cifar10,digits,fashion_mnist", *SMALL, f"data.root={tmp_path / 'none'}",
+        f"hydra.sweep.dir={sweep}", check=False, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 3, lines  # one per failing job, then the count
+    assert (
+        lines[0].startswith("dpsub: sweep job 0 (dataset=cifar10): ") and "data_batch_1" in lines[0]
+    )
+    assert (
+        lines[1].startswith("dpsub: sweep job 2 (dataset=fashion_mnist): ")
+        and "FashionMNIST" in lines[1]
+    )
+    assert "2 of 3 sweep jobs are invalid; no job was started" in lines[2]
+    assert "Traceback" not in proc.stderr and not sweep.exists()
+
+
+def test_a_failing_job_is_recorded_the_others_finish_and_the_sweep_continues(tmp_path):
+    """Issue 19.4: job 0 fails after it started (batch larger than the data), job 1 still
+    runs; ``resume=<sweep dir>`` skips the finished job and resumes a checkpointed one."""
+    sweep = tmp_path / "sweep"
+    proc = run_cli(
+        "-m", "train.batch_size=5000,64", *SMALL, f"hydra.sweep.dir={sweep}", check=False
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "sweep: 2 jobs -> " in proc.stdout  # the plan comes first
+    failed = [json.loads(ln) for ln in (sweep / "failed_jobs.jsonl").read_text().splitlines()]
+    assert [f["job"].split(" (")[0] for f in failed] == ["job 0"] and failed[0]["exit"] == 2
+    assert "train.batch_size" in failed[0]["error"]
+    assert f"resume={sweep}" in proc.stderr.strip().splitlines()[-1]
+    jobs = job_dirs(sweep)
+    assert set(jobs) == {"1"} and (jobs["1"] / "summary.json").is_file()
+
+    # continue: the finished job is skipped (untouched), the failing one runs (and fails) again
+    before = (jobs["1"] / "summary.json").stat().st_mtime_ns
+    again = run_cli(f"resume={sweep}", check=False)
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert "finished earlier" in again.stdout + again.stderr
+    assert (jobs["1"] / "summary.json").stat().st_mtime_ns == before
+
+    # a job with a checkpoint but no summary (interrupted) resumes from it
+    (jobs["1"] / "summary.json").unlink()
+    run_cli(f"resume={sweep}", check=False)
+    assert (jobs["1"] / "summary.json").is_file()
+    assert f"resumed {jobs['1']} at step 2" in (jobs["1"] / "train.log").read_text()
+
+
+def test_continuing_a_sweep_refuses_overrides_that_change_its_runs(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text(
+        "hydra:\n  overrides:\n    hydra: [hydra.mode=MULTIRUN]\n    task: ['seed=0,1']\n"
+    )
+    proc = run_cli(f"resume={sweep}", "privacy.epsilon=9", check=False, timeout=120)
+    assert proc.returncode == 2 and "privacy.epsilon=9" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "cifar10", "svhn"])
+def test_the_file_check_knows_the_loaders_files(name):
+    """dpsub.data.names.DATA_FILES (torch-free) lists what the loaders read (torchvision's)."""
+    import torchvision.datasets as tv
+
+    from dpsub.data.names import DATA_FILES
+
+    folder, files = DATA_FILES[name]
+    if name in ("mnist", "fashion_mnist"):
+        cls = tv.MNIST if name == "mnist" else tv.FashionMNIST
+        assert (folder, list(files)) == (f"{cls.__name__}/raw", [f for f, _ in cls.resources])
+    elif name == "cifar10":
+        want = [f for f, _ in tv.CIFAR10.train_list + tv.CIFAR10.test_list]
+        assert (folder, list(files)) == (
+            tv.CIFAR10.base_folder,
+            want + [tv.CIFAR10.meta["filename"]],
+        )
+    else:
+        assert list(files) == [tv.SVHN.split_list[s][1] for s in ("train", "test")]
