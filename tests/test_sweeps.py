@@ -79,27 +79,6 @@ def test_continuing_a_sweep_refuses_overrides_that_change_its_runs(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "cifar10", "svhn"])
-def test_the_file_check_knows_the_loaders_files(name):
-    """dpsub.data.names.DATA_FILES (torch-free) lists what the loaders read (torchvision's)."""
-    import torchvision.datasets as tv
-
-    from dpsub.data.names import DATA_FILES
-
-    folder, files = DATA_FILES[name]
-    if name in ("mnist", "fashion_mnist"):
-        cls = tv.MNIST if name == "mnist" else tv.FashionMNIST
-        assert (folder, list(files)) == (f"{cls.__name__}/raw", [f for f, _ in cls.resources])
-    elif name == "cifar10":
-        want = [f for f, _ in tv.CIFAR10.train_list + tv.CIFAR10.test_list]
-        assert (folder, list(files)) == (
-            tv.CIFAR10.base_folder,
-            want + [tv.CIFAR10.meta["filename"]],
-        )
-    else:
-        assert list(files) == [tv.SVHN.split_list[s][1] for s in ("train", "test")]
-
-
 @pytest.mark.slow  # two joblib workers each import torch (~1-2 min on 2 busy cores)
 def test_with_joblib_a_failing_job_leaves_its_sibling_running(tmp_path):
     """Issue 19.4: with joblib the sibling job was lost and only multirun.yaml remained."""

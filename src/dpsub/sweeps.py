@@ -1,8 +1,8 @@
 """Hydra sweeps (``dpsub-train -m ...``) that survive a bad job and can be continued.
 
 Before any job starts (:func:`check_jobs`, torch-free, called by ``dpsub.train.cli``):
-every job's config is composed and validated and its dataset files are looked for
-(:func:`dpsub.data.names.missing_data`); each failing job is one line on stderr, no
+every job's config is composed and validated and its data files, W&B key and device
+are checked (:func:`dpsub.config.check_environment`); each failing job is one line on stderr, no
 job starts, exit code 2. Otherwise the plan of every job is printed and the sweep's
 folder is fixed (``hydra.sweep.dir``), so it can be named in the messages.
 
@@ -46,8 +46,7 @@ def check_jobs(jobs: list[list[str]], hydra_overrides: list[str], conf_dir: str)
     """
     from hydra import compose, initialize_config_dir
 
-    from dpsub.config import validate
-    from dpsub.data.names import missing_data
+    from dpsub.config import check_environment, validate
 
     errors, plans, sweep_dir = [], [], None
     swept = {
@@ -58,9 +57,7 @@ def check_jobs(jobs: list[list[str]], hydra_overrides: list[str], conf_dir: str)
             where = f"sweep job {i} ({' '.join(o for o in job if o in swept) or 'defaults'})"
             try:
                 cfg = validate(compose(config_name="config", overrides=job))
-                missing = missing_data(cfg)
-                if missing:
-                    raise DataError(missing)
+                check_environment(cfg)  # data files, W&B key, device: torch-free for cpu
             except (ConfigError, DataError) as e:
                 errors.append(f"dpsub: {where}: {e}")
                 continue
