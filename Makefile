@@ -5,7 +5,7 @@ UV := python3 -m uv
 endif
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all lint format bench results table clean
+.PHONY: setup demo test test-all lint format bench results table gpu gpu-stage gpu-tiny clean
 
 setup:  ## install uv if missing, then the locked environment (.venv)
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -39,6 +39,17 @@ SETTING ?= cpu
 table: setup  ## one paper table (conf/paper/): make table TABLE=gep1-cifar10 SETTING=paper [ARGS=--tune] [OVERRIDES=train.epochs=3]
 	$(UV) run --frozen python scripts/reproduce.py $(TABLE) --setting $(SETTING) $(ARGS) $(OVERRIDES)
 	$(UV) run --frozen python scripts/make_table.py $(TABLE) --setting $(SETTING) $(OVERRIDES)
+
+# On a GPU machine (no uv, no network): the checkout with .gpu/ carried; $OUT comes back.
+GPU_ARGS ?=
+gpu:  ## GPU kit: check, smoke suite, bench, table cells (docs/gpu.md); GPU_ARGS="--steps check cells"
+	python3 scripts/gpu_run.py --out "$${OUT:?set OUT to the folder that comes back}" $(GPU_ARGS)
+
+gpu-stage: setup  ## fill .gpu/ (wheels, CIFAR-10 packed losslessly, anchors) from ../shared, print the carry size
+	$(UV) run --frozen python scripts/gpu_run.py --stage
+
+gpu-tiny: setup  ## every step of the GPU kit on the CPU at toy sizes
+	$(UV) run --frozen python scripts/gpu_run.py --tiny --out outputs/gpu-tiny --max-cells 1 --root outputs/gpu-tiny-root
 
 clean:
 	rm -rf outputs/runs outputs/multirun .pytest_cache

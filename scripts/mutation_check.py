@@ -228,6 +228,22 @@ MUTANTS = (
         "tail += 0.0",
         ("tests/test_audit.py", "-k", "papers_maximum"),
     ),
+    Mutant(
+        "amp-clipped-sum-in-bf16",
+        "src/dpsub/grads/engine.py",
+        "                    grads, (loss, correct) = self._per_example_fn(target)(params, xb, yb)\n"
+        "                acc.add(",
+        "                    grads, (loss, correct) = self._per_example_fn(target)(params, xb, yb)\n"
+        "                    acc.add(",
+        ("tests/test_amp.py", "-k", "float32"),
+    ),
+    Mutant(
+        "resume-on-another-device-from-mid-run-checkpoint",
+        "src/dpsub/training/checkpoint.py",
+        "        if not clean:\n",
+        "        if False:\n",
+        ("tests/test_gpu_kit.py", "-k", "clean_checkpoint"),
+    ),
 )
 
 

@@ -102,10 +102,19 @@ SYNTH = (
 
 
 def pytest_collection_modifyitems(items):
-    """Slow tests (long end-to-end runs) get a longer per-test limit than the default."""
+    """Slow tests (long end-to-end runs) get a longer per-test limit than the default; GPU
+    tests (tests/test_gpu.py) are skipped without CUDA unless DPSUB_GPU_TESTS_ON_CPU=1."""
+    gpu_skip = None
+    if any(item.get_closest_marker("gpu") for item in items):
+        import torch
+
+        if not torch.cuda.is_available() and os.environ.get("DPSUB_GPU_TESTS_ON_CPU") != "1":
+            gpu_skip = pytest.mark.skip(reason="needs CUDA (DPSUB_GPU_TESTS_ON_CPU=1: on the CPU)")
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(5400))
+        if gpu_skip is not None and item.get_closest_marker("gpu"):
+            item.add_marker(gpu_skip)
 
 
 def loop_grads(model, x, y):

@@ -80,6 +80,7 @@ class TrainSchema:
     log_every: int = 10
     checkpoint_every: int = 100
     progress: bool = True
+    amp: str | None = None  # bf16: autocast of the forward/backward (docs/gpu.md)
 
 
 @dataclass
@@ -183,6 +184,14 @@ def validate(cfg: DictConfig) -> DictConfig:
 
     g = typed["grads"]
     _require(g.backend in BACKENDS, "grads.backend", f"must be one of {BACKENDS}", g.backend)
+    _require(t.amp in (None, "bf16"), "train.amp", "must be null or bf16", t.amp)
+    _require(
+        t.amp is None or g.backend == "vmap",
+        "train.amp",
+        "bf16 needs grads.backend=vmap (ghost and opacus would take clipping norms from bf16 "
+        f"activations), got grads.backend={g.backend}",
+        t.amp,
+    )
     mb = g.microbatch
     ok = mb == "auto" or (isinstance(mb, int) and not isinstance(mb, bool) and mb >= 1)
     _require(ok, "grads.microbatch", "must be an integer >= 1 or auto", mb)

@@ -73,11 +73,15 @@ def clip_rows(g: Tensor, bound: float) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class ClipStats:
-    """Private counts of one clipped sum (diagnostics only: never released by default)."""
+    """Private counts of one clipped sum (diagnostics only: never released by default).
+
+    ``clipped`` and ``nonfinite`` may be 0-d tensors on the device (no host sync in the
+    step); they are read (``int()``/``float()``) only where they are logged.
+    """
 
     n: int = 0
-    clipped: int = 0
-    nonfinite: int = 0
+    clipped: int | Tensor = 0
+    nonfinite: int | Tensor = 0
 
     def add(self, other: ClipStats) -> ClipStats:
         return ClipStats(
@@ -95,7 +99,7 @@ def clipped_sum(g: Tensor | list[Tensor], bound: float) -> tuple[Sensitive, Clip
     parts, norms, ok = finite_norms_parts(g if isinstance(g, list) else [g])
     c = clip_factors(norms, bound)
     total = torch.cat([c @ _rows(t) for t in parts])
-    stats = ClipStats(int(norms.shape[0]), int((norms > bound).sum()), int((~ok).sum()))
+    stats = ClipStats(int(norms.shape[0]), (norms > bound).sum(), (~ok).sum())  # no sync
     return Sensitive(total, float(bound)), stats
 
 
@@ -161,7 +165,7 @@ class ClippedResidualSum:
         g, w = c @ G, c.to(W.dtype) @ W
         self._g = g if self._g is None else self._g + g
         self._w = w if self._w is None else self._w + w
-        st = ClipStats(int(G.shape[0]), int((norms > self.bound).sum()), int(nonfinite))
+        st = ClipStats(int(G.shape[0]), (norms > self.bound).sum(), nonfinite)  # no sync
         self.stats = self.stats.add(st)
 
     def sum(self, lift, dim: int, device) -> Sensitive:

@@ -26,6 +26,7 @@ with ``vmap`` for any other target).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -87,13 +88,13 @@ class Chunk:
 class BatchStats:
     """Private by-products of a batch (diagnostics only: never released by default)."""
 
-    loss_sum: float = 0.0
-    correct: int = 0
+    loss_sum: float | Tensor = 0.0  # 0-d tensors on the device: read only when logged
+    correct: int | Tensor = 0
     clip: ClipStats = field(default_factory=ClipStats)
 
     def add(self, loss: Tensor, correct: Tensor) -> None:
-        self.loss_sum += float(loss.sum())
-        self.correct += int(correct.sum())
+        self.loss_sum = self.loss_sum + loss.detach().float().sum()  # no host sync
+        self.correct = self.correct + correct.sum()
 
 
 @dataclass
@@ -152,6 +153,13 @@ class GradEngine:
         self._gsm = None
         self._ghost = None
         self._vmapped: dict[int, Callable] = {}
+        self.amp: torch.dtype | None = None  # train.amp: autocast dtype of forward/backward
+
+    def autocast(self, device: torch.device):
+        """Autocast for computing gradients only (``train.amp``); clipping runs outside it."""
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=self.amp)
 
     # ------------------------------------------------------------- helpers
     @property
@@ -207,8 +215,9 @@ class GradEngine:
 
     def _vmap_chunk(self, x, y, target: GradTarget) -> Chunk:
         params = {n: p.detach() for n, p in target.params.items()}
-        grads, (loss, correct) = self._per_example_fn(target)(params, x, y)
-        return Chunk(target.layout.flatten(grads, batch=True), loss, correct)
+        with self.autocast(x.device):
+            grads, (loss, correct) = self._per_example_fn(target)(params, x, y)
+        return Chunk(target.layout.flatten(grads, batch=True), loss.float(), correct)
 
     def _opacus_chunk(self, x, y) -> Chunk:
         from opacus import GradSampleModule
@@ -265,8 +274,9 @@ class GradEngine:
         else:  # vmap: clip the per-parameter rows, never concatenated into (b, p)
             params = {n: p.detach() for n, p in target.params.items()}
             for xb, yb in self._microbatches(x, y):
-                grads, (loss, correct) = self._per_example_fn(target)(params, xb, yb)
-                acc.add("grad", [grads[n] for n in target.layout.names], clip)
+                with self.autocast(x.device):
+                    grads, (loss, correct) = self._per_example_fn(target)(params, xb, yb)
+                acc.add("grad", [grads[n] for n in target.layout.names], clip)  # float32
                 stats.add(loss, correct)
         stats.clip = acc.stats.get("grad", ClipStats())
         return ClippedSum(acc.sum("grad", clip, target.layout.dim, x.device), stats)
@@ -292,7 +302,7 @@ class GradEngine:
             r.grad_sum = target.layout.flatten(named)
         stats = BatchStats()
         stats.add(r.loss, r.correct)
-        stats.clip = ClipStats(int(x.shape[0]), int((r.norms > clip).sum()), int(r.nonfinite.sum()))
+        stats.clip = ClipStats(int(x.shape[0]), (r.norms > clip).sum(), r.nonfinite.sum())
         return ClippedSum(Sensitive(r.grad_sum, float(clip)), stats)
 
     # ---------------------------------------------------------------- mean
@@ -301,8 +311,9 @@ class GradEngine:
         total = torch.zeros(self.dim, device=x.device)
         stats = BatchStats()
         for xb, yb in self._microbatches(x, y):
-            logits = self.model(xb)
-            per = F.cross_entropy(logits, yb, reduction="none")
+            with self.autocast(x.device):
+                logits = self.model(xb)
+                per = F.cross_entropy(logits, yb, reduction="none")
             gs = torch.autograd.grad(per.sum(), self._params)
             total += torch.cat([g.reshape(-1) for g in gs])
             stats.add(per.detach(), logits.detach().argmax(-1) == yb)

@@ -164,7 +164,7 @@ class GEP(Mechanism):
         private: dict[str, float] = {}
         for i, chunk in enumerate(self.engine.per_example(x, y)):
             G, norms, ok = finite_norms(chunk.grads)  # non-finite examples -> 0 (counted)
-            bad = int((~ok).sum())
+            bad = (~ok).sum()  # a device tensor: no host sync
             nonfinite += bad
             W = basis.embed(G)
             acc.add("embedding", W, o.clip_embedding)
@@ -201,7 +201,7 @@ class GEP(Mechanism):
         stats.clip = ClipStats(emb.n, emb.clipped, nonfinite)
         n = max(stats.clip.n, 1)
         for name, st in acc.stats.items():
-            private[f"clip_fraction_{name}"] = st.clipped / n
+            private[f"clip_fraction_{name}"] = float(st.clipped) / n  # (diagnostics)
         if diag and stats.clip.n:
             # ||(1/n) sum r_i|| / ||(1/n) sum g_i||, GEP Figure 4 (private batch: monitoring only)
             private["projection_error"] = float(res_sum.norm() / g_sum.norm().clamp_min(1e-12))

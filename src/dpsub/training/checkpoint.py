@@ -128,20 +128,58 @@ def rng_state(generators: dict[str, torch.Generator]) -> dict:
     import torch
 
     state = {name: g.get_state() for name, g in generators.items()}
+    state["devices"] = {name: g.device.type for name, g in generators.items()}
     state["torch_cpu"] = torch.get_rng_state()
     if torch.cuda.is_available():
         state["torch_cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def restore_rng(generators: dict[str, torch.Generator], state: dict) -> None:
+def _saved_device(g: torch.Generator, name: str, state: dict) -> str:
+    """The device type that drew the saved stream (older checkpoints: from the state's size)."""
+    saved = state.get("devices", {}).get(name)
+    if saved is not None:
+        return saved
+    same = state[name].numel() == g.get_state().numel()
+    return g.device.type if same else ("cpu" if g.device.type != "cpu" else "cuda")
+
+
+def restore_rng(
+    generators: dict[str, torch.Generator], state: dict, clean: bool = False, reseed: str = ""
+) -> bool:
+    """Restore the seeded streams; True if they moved to another device type (then reseeded).
+
+    A CUDA stream cannot continue on the CPU (nor back): the generators differ. From a
+    checkpoint written at a clean stop (SIGTERM/SIGINT or the end: no step ran after it,
+    nothing is replayed) the streams restart from a seed derived from ``reseed`` (run seed and
+    step), fresh noise for every later step. From a mid-run checkpoint steps after it may
+    have run and must be *replayed* with the same noise, which only the device type that drew
+    them can do: ResumeError.
+    """
+    import hashlib
+
     import torch
 
+    moved = False
     for name, g in generators.items():
-        g.set_state(state[name])
+        was = _saved_device(g, name, state)
+        if was == g.device.type:
+            g.set_state(state[name])
+            continue
+        if not clean:
+            raise ResumeError(
+                f"resume: the checkpoint's {name!r} random stream was drawn on {was}, this run is "
+                f"on {g.device.type}; a seeded run changes device type only from a checkpoint "
+                f"written at a clean stop (SIGTERM/SIGINT or the end), this one was written "
+                f"mid-run: resume on {was} (device={was})"
+            )
+        digest = hashlib.sha256(f"{reseed}:{name}:{g.device.type}".encode()).digest()
+        g.manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        moved = True
     torch.set_rng_state(state["torch_cpu"])
     if torch.cuda.is_available() and "torch_cuda" in state:
         torch.cuda.set_rng_state_all(state["torch_cuda"])
+    return moved
 
 
 def journal_ledger(run_dir: Path) -> PrivacyLedger | None:

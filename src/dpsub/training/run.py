@@ -177,6 +177,7 @@ def build_run(cfg: DictConfig, data: DatasetBundle | None = None, dist: Dist = S
         model, microbatch, cfg.grads.backend, compile=cfg.grads.get("compile", False)
     )
     engine.dist = dist if dist.active else None
+    engine.amp = torch.bfloat16 if cfg.train.get("amp") == "bf16" else None
     mechanism = _mechanism(cfg)
     if mechanism.private:
         check_private_model(model)
@@ -278,10 +279,8 @@ def train_step(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = Fa
 def _reduce_stats(run: Run, res: StepResult) -> None:
     """The private batch statistics over every rank's shard (diagnostics only)."""
     st = res.stats
-    t = torch.tensor(
-        [st.loss_sum, st.correct, st.clip.n, st.clip.clipped, st.clip.nonfinite],
-        dtype=torch.float64, device=run.device,
-    )  # fmt: skip
+    values = [st.loss_sum, st.correct, st.clip.n, st.clip.clipped, st.clip.nonfinite]
+    t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=run.device) for v in values])
     t = run.dist.all_reduce(t).tolist()
     st.loss_sum, st.correct = t[0], int(t[1])
     st.clip.n, st.clip.clipped, st.clip.nonfinite = int(t[2]), int(t[3]), int(t[4])
@@ -320,6 +319,7 @@ def load_run_state(run: Run, state: dict) -> None:
         run.nominal = PrivacyLedger.from_state_dict(state["nominal"])
     run.sampler.load_state_dict(state["sampler"])
     run.mechanism.load_state_dict(state["mechanism"])
-    restore_rng(run.generators, state["rng"])
-    run.privatizer.source.load_state_dict(state["noise_source"])
+    clean, reseed = bool(state.get("clean", False)), f"{run.cfg.seed}:{int(state['step'])}"
+    if not restore_rng(run.generators, state["rng"], clean=clean, reseed=reseed):
+        run.privatizer.source.load_state_dict(state["noise_source"])
     run.step = int(state["step"])

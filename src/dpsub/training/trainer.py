@@ -151,13 +151,13 @@ class Window:
         self.steps += 1
 
     def private_metrics(self) -> dict[str, float]:
-        n = max(self.n, 1)
+        n = max(self.n, 1)  # the device counters are read here, when logged (host syncs)
         return {
-            "private/train_loss": self.loss / n,
-            "private/train_accuracy": self.correct / n,
+            "private/train_loss": float(self.loss) / n,
+            "private/train_accuracy": int(self.correct) / n,
             "private/batch_size": self.n / max(self.steps, 1),
-            "private/clip_fraction": self.clipped / n,
-            "private/nonfinite": self.nonfinite,
+            "private/clip_fraction": int(self.clipped) / n,
+            "private/nonfinite": int(self.nonfinite),
         }
 
 
@@ -336,12 +336,12 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
             "epsilon, which is NOT a privacy guarantee; the honest epsilon is logged beside it"
         )
 
-    def checkpoint() -> None:
+    def checkpoint(clean: bool = False) -> None:  # clean: no step runs after it (stop, end)
         if not main:
             return
+        state = {**run_state(run), "clean": clean}
         save_checkpoint(
-            run_dir,
-            {"state": run_state(run), "config": resolved, "data_fingerprint": run.fingerprint},
+            run_dir, {"state": state, "config": resolved, "data_fingerprint": run.fingerprint}
         )
         if run.ledger is not None and not run.secure:
             run.ledger.save(run_dir / LEDGER_NAME)
@@ -381,7 +381,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
                 if t.checkpoint_every and step % t.checkpoint_every == 0:
                     checkpoint()
                 if _stop_requested(run, stop):
-                    checkpoint()
+                    checkpoint(clean=True)
                     log.warning(
                         "signal %d: checkpoint saved at step %d; resume with resume=%s",
                         stop.signum,
@@ -421,7 +421,7 @@ def _finish(
         return RunResult(
             run.step, nan, cfg.privacy.delta, run.z, nan, nan, run_dir, stopped_by_budget
         )
-    checkpoint()
+    checkpoint(clean=True)
     p = cfg.privacy
     eps = epsilons(run, exact=True)
     if final_eval is None:

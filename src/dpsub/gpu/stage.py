@@ -1,0 +1,189 @@
+"""What travels to a GPU machine, and how the data is staged into the git-ignored ``.gpu/``.
+
+The GPU machines (docs/gpu.md) receive a copy of the checkout: tracked files, untracked
+files git does not ignore, and the ignored paths named in ``carry`` (here ``.gpu/``), 64 MiB
+in all. They have torch but not hydra-core, omegaconf or opacus, and no network.
+:func:`stage` fills ``.gpu/`` from a ``shared`` folder (a developer's ``../shared``; never
+needed on a user's machine, where the real datasets sit under ``data.root``):
+
+* ``wheels/``: the pure-Python wheels the machine lacks (from ``shared/device/wheels``);
+* ``data/aux/tinyimagenet_val_32x32.npz``: GEP's auxiliary images, the same file the CPU
+  runs read (so a GPU cell draws the same anchors as a CPU cell of the same config);
+* ``data/cifar10_jpeg_packed.npz``: the JPEG copy of CIFAR-10, repacked *losslessly*: every
+  one of its 60,000 files starts with the same 623 header bytes, which are stored once.
+  53 MiB become about 17 MiB; :func:`unpack_cifar10` rebuilds the very same bytes (checked
+  against their SHA-256) and the shared decoder writes ``cifar-10-batches-py/`` from them;
+* ``cells/``: table cells in progress (their checkpoints), put there by ``--harvest``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+MiB = 2**20
+#: what one device call may carry (tracked + untracked-not-ignored + carried paths)
+CARRY_LIMIT = 64 * MiB
+#: one command's wall-clock limit on the device machine
+COMMAND_LIMIT_S = 600
+#: files that come back from $OUT: count, size of each, folder depth
+OUT_MAX_FILES, OUT_MAX_FILE, OUT_MAX_DEPTH = 8, 16 * MiB, 2
+
+GPU_DIR = ".gpu"
+WHEELS = ("hydra_core", "omegaconf", "antlr4_python3_runtime", "opacus")
+AUX_FILE = Path("aux") / "tinyimagenet_val_32x32.npz"
+PACKED_CIFAR = "cifar10_jpeg_packed.npz"
+DECODER = "make_cifar10_batches.py"
+SPLITS = ("train", "test")
+
+
+class StageError(Exception):
+    """Something the staging or the set-up needs is missing (one line: what and where)."""
+
+
+# ------------------------------------------------------------------ carry list
+def git_files(root: Path) -> list[Path]:
+    """Tracked files and untracked files git does not ignore (what always travels)."""
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root, capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    return [root / p for p in dict.fromkeys(out.decode().split("\0")) if p]
+
+
+def carry_list(root: Path, carried: tuple[str, ...] = (GPU_DIR,)) -> list[tuple[Path, int]]:
+    """(file, bytes) of everything one device call would send: the tree plus ``carried``."""
+    files = [p for p in git_files(root) if p.is_file()]
+    for c in carried:
+        base = root / c
+        if base.is_dir():
+            files += sorted(p for p in base.rglob("*") if p.is_file())
+    return [(p, p.stat().st_size) for p in dict.fromkeys(files)]
+
+
+def carry_bytes(root: Path, carried: tuple[str, ...] = (GPU_DIR,)) -> int:
+    return sum(n for _, n in carry_list(root, carried))
+
+
+# --------------------------------------------------------------- CIFAR-10 pack
+def _files(blob: np.ndarray, offsets: np.ndarray) -> list[bytes]:
+    raw = blob.tobytes()
+    return [raw[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
+
+
+def common_prefix(files: list[bytes], limit: int = 4096) -> bytes:
+    """The longest prefix (at most ``limit`` bytes) shared by every file."""
+    prefix = files[0][:limit] if files else b""
+    for f in files:
+        while not f.startswith(prefix):
+            prefix = prefix[: len(prefix) - 1 - (len(prefix) - 1) // 16]  # shrink fast
+    return prefix
+
+
+def pack_cifar10(src: Path, dest: Path) -> dict:
+    """Write ``dest``: ``src`` (the JPEG copy's npz) with the shared header stored once."""
+    z = np.load(src)
+    files = {s: _files(z[f"{s}_jpeg"], z[f"{s}_offsets"]) for s in SPLITS}
+    prefix = common_prefix(files["train"] + files["test"])
+    out = {"prefix": np.frombuffer(prefix, np.uint8), "classes": z["classes"]}
+    for s in SPLITS:
+        tails = [f[len(prefix) :] for f in files[s]]
+        out[f"{s}_tail"] = np.frombuffer(b"".join(tails), np.uint8)
+        out[f"{s}_tail_offsets"] = np.cumsum([0] + [len(t) for t in tails]).astype(np.int64)
+        out[f"{s}_labels"] = z[f"{s}_labels"]
+        out[f"{s}_sha256"] = np.array(hashlib.sha256(z[f"{s}_jpeg"].tobytes()).hexdigest())
+        out[f"{s}_dtypes"] = np.array([str(z[f"{s}_jpeg"].dtype), str(z[f"{s}_offsets"].dtype)])
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(dest, **out)
+    return {"prefix_bytes": len(prefix), "bytes": dest.stat().st_size}
+
+
+def unpack_cifar10(packed: Path, dest: Path) -> Path:
+    """Rebuild the JPEG copy's npz at ``dest`` from ``packed``, byte for byte (SHA-256 checked)."""
+    z = np.load(packed)
+    prefix = z["prefix"].tobytes()
+    out = {"classes": z["classes"]}
+    for s in SPLITS:
+        tail, off = z[f"{s}_tail"].tobytes(), z[f"{s}_tail_offsets"]
+        blob_dtype, off_dtype = (str(t) for t in z[f"{s}_dtypes"])
+        files = [prefix + tail[off[i] : off[i + 1]] for i in range(len(off) - 1)]
+        blob = b"".join(files)
+        if hashlib.sha256(blob).hexdigest() != str(z[f"{s}_sha256"]):
+            raise StageError(f"{packed}: the rebuilt {s} JPEG bytes do not match their SHA-256")
+        out[f"{s}_jpeg"] = np.frombuffer(blob, np.uint8).astype(blob_dtype)
+        out[f"{s}_offsets"] = np.cumsum([0] + [len(f) for f in files]).astype(off_dtype)
+        out[f"{s}_labels"] = z[f"{s}_labels"]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(dest, **out)
+    return dest
+
+
+# ---------------------------------------------------------------------- stage
+@dataclass
+class Staged:
+    path: Path
+    bytes: int
+
+
+def find_shared(root: Path, shared: Path | None = None) -> Path:
+    """The ``shared`` folder (``--shared``, else ``../shared``), or a clear StageError."""
+    cand = Path(shared) if shared else root.parent / "shared"
+    if not (cand / "device" / "wheels").is_dir():
+        raise StageError(
+            f"staging needs the shared folder with device/wheels and data/ ({cand} not found); "
+            "pass --shared PATH, or stage .gpu/ by hand (docs/gpu.md)"
+        )
+    return cand
+
+
+def stage(root: Path, shared: Path | None = None, datasets: tuple[str, ...] = ("cifar10", "aux"))\
+        -> list[Staged]:  # fmt: skip
+    """Fill ``root/.gpu`` (keeping ``cells/``) with wheels and ``datasets``; say what is missing."""
+    sh = find_shared(root, shared)
+    gpu = root / GPU_DIR
+    _ignore(root)
+    for sub in ("wheels", "data"):
+        shutil.rmtree(gpu / sub, ignore_errors=True)
+    done: list[Path] = []
+    for whl in sorted((sh / "device" / "wheels").glob("*.whl")):
+        done.append(Path(shutil.copy2(whl, _mk(gpu / "wheels"))))
+    data = sh / "data"
+    for name in datasets:
+        if name == "aux":
+            src = data / AUX_FILE
+            _need(src)
+            done.append(Path(shutil.copy2(src, _mk((gpu / "data" / AUX_FILE).parent))))
+        elif name == "cifar10":
+            src = data / "cifar10_jpeg" / "cifar10_jpeg.npz"
+            _need(src)
+            _need(data / "cifar10_jpeg" / DECODER)
+            pack_cifar10(src, gpu / "data" / PACKED_CIFAR)
+            done.append(gpu / "data" / PACKED_CIFAR)
+            done.append(Path(shutil.copy2(data / "cifar10_jpeg" / DECODER, gpu / "data")))
+        else:
+            raise StageError(f"stage: unknown dataset {name!r} (cifar10, aux)")
+    return [Staged(p, p.stat().st_size) for p in done]
+
+
+def _need(path: Path) -> None:
+    if not path.is_file():
+        raise StageError(f"stage: {path} not found")
+
+
+def _mk(d: Path) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _ignore(root: Path) -> None:
+    """``.gpu/`` is never committed: add it to ``.git/info/exclude``."""
+    exclude = root / ".git" / "info" / "exclude"
+    if exclude.parent.is_dir():
+        lines = exclude.read_text().splitlines() if exclude.exists() else []
+        if f"/{GPU_DIR}/" not in lines:
+            exclude.write_text("\n".join([*lines, f"/{GPU_DIR}/"]) + "\n")

@@ -1,0 +1,198 @@
+"""The GPU kit without a GPU: its tiny mode end to end, the limits, staging and harvest."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dpsub.errors import ResumeError
+from dpsub.gpu import cells, kit, stage
+from dpsub.gpu.harvest import harvest
+from dpsub.training.checkpoint import restore_rng, rng_state
+
+from conftest import REPO
+
+SCRIPT = REPO / "scripts" / "gpu_run.py"
+SHARED = REPO.parent / "shared"
+
+
+def gpu_run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
+    env.pop("DPSUB_DATA", None)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+        timeout=timeout, cwd=REPO, env=env,
+    )  # fmt: skip
+
+
+def check_out_limits(out: Path) -> None:
+    """What comes back from $OUT: <= 8 files of <= 16 MiB, <= 2 folders deep, plain names."""
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert 0 < len(files) <= stage.OUT_MAX_FILES, files
+    for p in files:
+        rel = p.relative_to(out)
+        assert len(rel.parts) - 1 <= stage.OUT_MAX_DEPTH, rel
+        assert all(re.fullmatch(r"[A-Za-z0-9._-]+", part) for part in rel.parts), rel
+        assert p.stat().st_size <= stage.OUT_MAX_FILE, rel
+
+
+def test_tiny_kit_runs_every_step_and_continues_a_cell(tmp_path):
+    """Command 1 on "machine 1" stops its cell at a checkpoint; the harvest here keeps it in
+    .gpu/cells; command 2 on a fresh "machine 2" (this checkout's .gpu/ carried) finishes it."""
+    here, dev1, dev2 = tmp_path / "here", tmp_path / "dev1", tmp_path / "dev2"
+    for d in (here, dev1, dev2):
+        d.mkdir()
+    tiny = ["--tiny", "--max-cells", "1"]
+    out1 = tmp_path / "out1"
+    r = gpu_run("--out", str(out1), "--interrupt-cells", "--root", str(dev1),
+                "--work", str(tmp_path / "w1"), *tiny)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    check_out_limits(out1)
+    record = json.loads((out1 / "gpu_run.json").read_text())
+    assert [record["steps"][s]["status"] for s in kit.STEPS] == ["ok"] * 4, record
+    assert record["steps"]["cells"]["ran"][0]["status"] == "interrupted"
+    assert "no --gep-authors" in record["steps"]["bench"]["gep_authors"]
+
+    written = harvest(out1, here)
+    assert (here / "results/gpu/check.json").is_file()
+    assert "passed" in (here / "results/gpu/pytest.log").read_text()
+    assert "| gep |" in (here / "results/bench/cpu_tiny.md").read_text()
+    carried = list((here / ".gpu/cells").rglob("checkpoint.pt"))
+    assert len(carried) == 1 and "in progress" in " ".join(written)
+    assert not (here / "results" / "tables").exists()
+    cell_dir = carried[0].parent.relative_to(here / ".gpu/cells")
+    assert "mechanism=dpsgd,epsilon=8,seed=0" in str(cell_dir)
+
+    import shutil
+
+    shutil.copytree(here / ".gpu", dev2 / ".gpu")  # what travels with the next command
+    out2 = tmp_path / "out2"
+    r = gpu_run("--out", str(out2), "--steps", "check", "cells", "--root", str(dev2),
+                "--work", str(tmp_path / "w2"), *tiny)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ran = json.loads((out2 / "gpu_run.json").read_text())["steps"]["cells"]["ran"]
+    assert ran == [{"cell": cell_dir.name, "status": "finished", "restored": True}]
+    harvest(out2, here)
+    done = here / cell_dir
+    summary = json.loads((done / "summary.json").read_text())
+    assert summary["steps"] == summary["planned_steps"] and not summary["stopped_by_budget"]
+    assert not (done / "checkpoint.pt").exists() and not (here / ".gpu/cells" / cell_dir).exists()
+    assert "final:" in (done / "train.log").read_text()
+
+
+def test_bad_setup_is_one_line_and_exit_2(tmp_path):
+    r = gpu_run("--harvest", str(tmp_path / "nowhere"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--harvest" in r.stderr
+    if not torch.cuda.is_available():  # the real (not tiny) check needs CUDA
+        r = gpu_run("--out", str(tmp_path / "o"), "--steps", "check", "--root", str(tmp_path))
+        assert r.returncode == 2 and "no CUDA device" in r.stderr.strip().splitlines()[-1]
+
+
+def test_every_step_fits_one_command():
+    assert kit.BUDGET_S < stage.COMMAND_LIMIT_S
+    assert all(b < stage.COMMAND_LIMIT_S for b in kit.BOUNDS.values())
+    assert all(kit.MIN_S[s] <= kit.BOUNDS[s] for s in kit.STEPS)
+    runner = cells.CellRunner(Path("."), Path("x.tar"), {}, 0.0)
+    assert runner.grace_s < runner.min_cell_s < kit.BOUNDS["cells"]
+
+
+def planned_carry() -> list[tuple[str, int]]:
+    """What a GPU command carries: the tree, the staging of cifar10 + aux, one cell's checkpoint."""
+    tree = stage.carry_list(REPO, carried=())
+    items = [(str(p), n) for p, n in tree]
+    if (SHARED / "device" / "wheels").is_dir():
+        items += [(str(w), w.stat().st_size) for w in (SHARED / "device/wheels").glob("*.whl")]
+        items.append(("aux", (SHARED / "data" / stage.AUX_FILE).stat().st_size))
+    # an in-progress cell: ResNet20's weights and momentum (float32), ledger, logs: < 4 MiB
+    items.append(("cell checkpoint", 4 * stage.MiB))
+    return items
+
+
+def test_carry_list_fits_64_mib(tmp_path):
+    items = planned_carry()
+    if (SHARED / "data" / "cifar10_jpeg" / "cifar10_jpeg.npz").is_file():
+        dest = tmp_path / stage.PACKED_CIFAR
+        stage.pack_cifar10(SHARED / "data/cifar10_jpeg/cifar10_jpeg.npz", dest)
+        items.append(("cifar10 packed", dest.stat().st_size))
+    total = sum(n for _, n in items)
+    assert total <= stage.CARRY_LIMIT, f"{total / stage.MiB:.1f} MiB would travel"
+    tracked = {str(p) for p in stage.git_files(REPO)}
+    assert str(REPO / "pyproject.toml") in tracked and not any("/.gpu/" in p for p in tracked)
+
+
+def fake_jpegs(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    header = b"\xff\xd8HEADER" * 10
+    files = [header + rng.bytes(int(rng.integers(5, 40))) + b"\xff\xd9" for _ in range(n)]
+    blob = np.frombuffer(b"".join(files), np.uint8)
+    return blob, np.cumsum([0] + [len(f) for f in files]).astype(np.int64)
+
+
+def test_cifar10_pack_is_lossless(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = {"classes": np.array(["a", "b"])}
+    for s in stage.SPLITS:
+        arrays[f"{s}_jpeg"], arrays[f"{s}_offsets"] = fake_jpegs(20, rng)
+        arrays[f"{s}_labels"] = rng.integers(0, 2, 20).astype(np.uint8)
+    np.savez(tmp_path / "src.npz", **arrays)
+    info = stage.pack_cifar10(tmp_path / "src.npz", tmp_path / "p.npz")
+    assert info["prefix_bytes"] >= 70
+    back = np.load(stage.unpack_cifar10(tmp_path / "p.npz", tmp_path / "u.npz"))
+    for k, v in arrays.items():
+        assert back[k].dtype == v.dtype and np.array_equal(back[k], v), k
+    z = dict(np.load(tmp_path / "p.npz"))
+    z["train_tail"] = z["train_tail"].copy()
+    z["train_tail"][3] ^= 1  # one flipped bit
+    np.savez(tmp_path / "bad.npz", **z)
+    with pytest.raises(stage.StageError, match="SHA-256"):
+        stage.unpack_cifar10(tmp_path / "bad.npz", tmp_path / "u2.npz")
+
+
+def test_stage_says_when_shared_is_missing(tmp_path):
+    with pytest.raises(stage.StageError, match="shared folder"):
+        stage.stage(tmp_path, tmp_path / "no-shared")
+
+
+def test_queue_priority_seed0_eps8_gp_first(tmp_path):
+    jobs = cells.queue(tmp_path)
+    head = [(j.seed, j.cell["epsilon"], j.cell["mechanism"]) for j in jobs[:4]]
+    assert head == [(0, 8, "dpsgd"), (0, 8, "gep"), (0, 8, "bgep"), (0, 2, "dpsgd")]
+    assert [j.seed for j in jobs] == sorted(j.seed for j in jobs) and len(jobs) == 27
+    assert all("paper/paper" in str(j.dir) for j in jobs)
+
+
+def test_harvest_ignores_unsafe_tar_members(tmp_path):
+    out, root = tmp_path / "out", tmp_path / "root"
+    out.mkdir()
+    with tarfile.open(out / "bench.tar", "w") as tar:
+        for name in ("../evil.md", "/abs.md", "gpu_ok.md"):
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"ok"))
+    harvest(out, root)
+    assert (root / "results/bench/gpu_ok.md").is_file()
+    assert not (tmp_path / "evil.md").exists() and not Path("/abs.md").exists()
+
+
+def test_seeded_streams_change_device_only_from_a_clean_checkpoint():
+    gens = {"noise": torch.Generator().manual_seed(2), "sampler": torch.Generator().manual_seed(3)}
+    state = rng_state(gens)
+    foreign = {**state, "devices": {"noise": "cuda", "sampler": "cpu"}}
+    with pytest.raises(ResumeError, match="clean stop"):
+        restore_rng(gens, foreign, clean=False)
+    assert restore_rng(gens, foreign, clean=True, reseed="0:5") is True
+    a = torch.randn(3, generator=gens["noise"])
+    restore_rng(gens, foreign, clean=True, reseed="0:5")
+    assert torch.equal(a, torch.randn(3, generator=gens["noise"]))  # deterministic reseed
+    restore_rng(gens, foreign, clean=True, reseed="0:6")
+    assert not torch.equal(a, torch.randn(3, generator=gens["noise"]))  # fresh per step
+    assert restore_rng(gens, state) is False  # same device: the exact streams
