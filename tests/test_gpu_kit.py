@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -46,17 +47,21 @@ def check_out_limits(out: Path) -> None:
         assert p.stat().st_size <= stage.OUT_MAX_FILE, rel
 
 
-def test_tiny_kit_runs_every_step_and_continues_a_cell(tmp_path):
+def tiny(out: Path, root: Path, work: Path, **kw) -> int:
+    """The kit's tiny mode in this process (the CLI itself: test_bad_setup_...)."""
+    return kit.run_kit(kit.Options(out=out, tiny=True, root=root, work=work, max_cells=1, **kw))
+
+
+def test_tiny_kit_runs_every_step_and_continues_a_cell(tmp_path, monkeypatch):
     """Command 1 on "machine 1" stops its cell at a checkpoint; the harvest here keeps it in
     .gpu/cells; command 2 on a fresh "machine 2" (this checkout's .gpu/ carried) finishes it."""
+    monkeypatch.delenv("DPSUB_DATA", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     here, dev1, dev2 = tmp_path / "here", tmp_path / "dev1", tmp_path / "dev2"
     for d in (here, dev1, dev2):
         d.mkdir()
-    tiny = ["--tiny", "--max-cells", "1"]
     out1 = tmp_path / "out1"
-    r = gpu_run("--out", str(out1), "--interrupt-cells", "--root", str(dev1),
-                "--work", str(tmp_path / "w1"), *tiny)  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert tiny(out1, dev1, tmp_path / "w1", interrupt_cells=True) == 0
     check_out_limits(out1)
     record = json.loads((out1 / "gpu_run.json").read_text())
     assert [record["steps"][s]["status"] for s in kit.STEPS] == ["ok"] * 4, record
@@ -73,13 +78,9 @@ def test_tiny_kit_runs_every_step_and_continues_a_cell(tmp_path):
     cell_dir = carried[0].parent.relative_to(here / ".gpu/cells")
     assert "mechanism=dpsgd,epsilon=8,seed=0" in str(cell_dir)
 
-    import shutil
-
     shutil.copytree(here / ".gpu", dev2 / ".gpu")  # what travels with the next command
     out2 = tmp_path / "out2"
-    r = gpu_run("--out", str(out2), "--steps", "check", "cells", "--root", str(dev2),
-                "--work", str(tmp_path / "w2"), *tiny)  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert tiny(out2, dev2, tmp_path / "w2", steps=("check", "cells")) == 0
     ran = json.loads((out2 / "gpu_run.json").read_text())["steps"]["cells"]["ran"]
     assert ran == [{"cell": cell_dir.name, "status": "finished", "restored": True}]
     harvest(out2, here)

@@ -225,6 +225,7 @@ def step_check(kit: Kit, bound: float) -> dict:
 
 # ----------------------------------------------------------------- b. smoke
 def step_smoke(kit: Kit, bound: float) -> dict:
+    ensure_packages(kit)  # (a no-op after the check step)
     d = kit.step_dir("smoke")
     argv = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-q", "-rA",
             "-p", "no:cacheprovider", f"--junitxml={d / 'junit.xml'}"]  # fmt: skip
@@ -240,6 +241,7 @@ def step_smoke(kit: Kit, bound: float) -> dict:
 
 # ----------------------------------------------------------------- c. bench
 def step_bench(kit: Kit, bound: float) -> dict:
+    ensure_packages(kit)
     d = kit.step_dir("bench")
     end = time.time() + bound
     out = {}
@@ -286,6 +288,9 @@ def gep_authors(kit: Kit, d: Path, end: float) -> str:
 def step_cells(kit: Kit, bound: float) -> dict:
     from dpsub.gpu.cells import CellRunner, queue
 
+    ensure_packages(kit)
+    if kit.data_root is None and not kit.opts.tiny:
+        kit.data_root = ensure_data(kit)
     jobs = queue(kit.opts.root, tiny=kit.opts.tiny)
     if kit.opts.max_cells is not None:
         jobs = jobs[: kit.opts.max_cells]

@@ -201,7 +201,7 @@ class GEP(Mechanism):
         stats.clip = ClipStats(emb.n, emb.clipped, nonfinite)
         n = max(stats.clip.n, 1)
         for name, st in acc.stats.items():
-            private[f"clip_fraction_{name}"] = float(st.clipped) / n  # (diagnostics)
+            private[f"clip_fraction_{name}"] = st.clipped / n  # a device tensor: read if logged
         if diag and stats.clip.n:
             # ||(1/n) sum r_i|| / ||(1/n) sum g_i||, GEP Figure 4 (private batch: monitoring only)
             private["projection_error"] = float(res_sum.norm() / g_sum.norm().clamp_min(1e-12))

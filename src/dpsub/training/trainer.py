@@ -172,7 +172,7 @@ def log_metrics(run: Run, out: StepOutcome, window: Window, mech: dict, private:
     }
     if private:
         metrics.update(window.private_metrics())
-        metrics.update({f"private/mech/{k}": v for k, v in mech.items()})
+        metrics.update({f"private/mech/{k}": float(v) for k, v in mech.items()})
     return metrics
 
 
