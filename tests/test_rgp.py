@@ -199,7 +199,9 @@ def test_ghost_clipping_of_the_carriers_equals_vmap(model, update):
         assert b.sum.sensitivity == clip and a.stats.clip == b.stats.clip
         assert b.stats.clip.nonfinite == 1
         torch.testing.assert_close(b.sum.value, a.sum.value, atol=1e-6, rtol=1e-5)
-        assert float(b.stats.loss_sum) == pytest.approx(float(a.stats.loss_sum), rel=1e-5, nan_ok=True)
+        assert float(b.stats.loss_sum) == pytest.approx(
+            float(a.stats.loss_sum), rel=1e-5, nan_ok=True
+        )
 
 
 # ------------------------------------------------------------------- carriers
