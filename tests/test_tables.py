@@ -341,12 +341,28 @@ def test_make_table_renders_the_runs_beside_the_paper(tiny):
 def test_dry_run_prints_the_grid_and_its_cost_and_runs_nothing(tiny):
     tmp, spec, args, _ = tiny
     proc = script("reproduce", spec, "--setting", "tiny", "--out", tmp / "fresh", "--dry-run",
-                  "--timing-steps", "1", "--tune", "logger=disabled", cwd=tmp)  # fmt: skip
+                  "--time", "--timing-steps", "1", "--tune", "logger=disabled", cwd=tmp)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith(("| paper |", "| tune |"))]
     assert len(rows) == 4 + 4 and all("| todo |" in r for r in rows)
     assert "still to run" in proc.stdout and "estimate" in proc.stdout
     assert not (tmp / "fresh" / "tiny").exists()  # only the step-time cache was written
+
+
+def test_dry_run_without_time_measures_nothing_and_says_why_a_cost_is_missing(tmp_path):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY.replace("experiment: demo", "experiment: demo\n# mnist: no data here"))
+    proc = script("reproduce", spec, "--setting", "tiny", "--out", tmp_path / "out", "--dry-run",
+                  "dataset=mnist", "data.root=" + str(tmp_path / "nodata"), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "timing" not in out.lower().replace("--time", "")  # nothing was timed
+    assert f"runs go to {tmp_path / 'out' / 'tiny'}" in out and "make_table.py tiny" in out
+    rows = [line for line in out.splitlines() if line.startswith("| paper |")]
+    assert len(rows) == 4 and all(r.endswith("? [1] |") for r in rows)
+    reason = next(line for line in out.splitlines() if line.startswith("[1] "))
+    assert "mnist" in reason.lower() and "not found" in reason
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
