@@ -245,7 +245,16 @@ def tuning_lines(table, found) -> list[str]:
             acc = 100 * tables.read_summary(j.dir).get("validation_accuracy", math.nan)
             clip = " ".join(t.clip[j.cell["mechanism"]][ci])
             chosen = "**yes**" if pick and (pick["lr"], pick["clip"]) == (lr, ci) else ""
+            if chosen and lr in (min(t.lr), max(t.lr)):
+                chosen += " (lr at the grid's edge)"
             lines.append(f"| {cid} | {lr:g} | `{clip}` | {acc:.2f} | {chosen} |")
+    edge = [c for c, p in found["picks"].items() if p["lr"] in (min(t.lr), max(t.lr))]
+    if edge:
+        lines += [
+            "",
+            f"**Picked at the edge of the lr grid** ({', '.join(edge)}): the grid was not "
+            "extended, so a better lr may lie beyond it; those cells may be under-tuned.",
+        ]
     return lines + [""]
 
 

@@ -30,7 +30,7 @@ anchors) with the trainer's own ``build_run``/``train_step`` on synthetic data o
 shape, and adds a GPU column: the CPU time scaled by this CPU's measured matmul throughput
 over ``--gpu-tflops`` (an assumption, not a measurement).
 
-A finished run anywhere under ``<out>`` or among the runs committed in ``results/tables``
+A finished run anywhere under ``<out>`` or among the runs committed in ``results/``
 whose config equals a job's is reused (a symlink), so ``make table`` on a fresh clone
 re-renders the committed tables instead of re-running them.
 
@@ -64,7 +64,7 @@ from dpsub.paths import conf_dir, project_root  # noqa: E402
 
 log = logging.getLogger("dpsub.reproduce")
 CKPT = runs.CHECKPOINT
-COMMITTED = ROOT / "results" / "tables"  # the runs committed with the repository
+COMMITTED = ROOT / "results"  # the runs committed with the repository (reused, never re-run)
 
 
 def say(msg: str) -> None:
@@ -101,7 +101,7 @@ def plan(args, table: tables.Table) -> tuple[list[tables.Job], list[tables.Job],
     """(jobs of phase 1, jobs of phase 2 (tuned), picks). Phase 1: the paper variant, and
     with --tune the tuning grid; phase 2: the tuned picks (known once tuning finished)."""
     kw = dict(extra=args.extra, passthrough=args.passthrough)
-    jobs = tables.plan_jobs(table, args.setting, args.out, "paper", **kw)
+    jobs = [] if args.skip_paper else tables.plan_jobs(table, args.setting, args.out, "paper", **kw)
     tuned, picks = [], {}
     if args.tune:
         tune_jobs = tables.plan_jobs(table, args.setting, args.out, "tune", **kw)
@@ -472,6 +472,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--tune", action="store_true", help="also tune lr x clip, then run the picks")
     p.add_argument("--dry-run", action="store_true", help="print the grid and its cost only")
+    p.add_argument("--skip-paper", action="store_true",
+                   help="with --tune: only the tuning grid and the tuned picks (not the runs at "
+                        "the paper's hyper-parameters)")  # fmt: skip
     p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
                    help="only the cells with this axis (or seed) value (repeatable)")  # fmt: skip
     p.add_argument("--time", action="store_true",

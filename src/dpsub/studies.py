@@ -9,7 +9,8 @@ first copies the small files of the finished runs under ``src`` there (never che
   over seeds, each row compared with the paper's procedure (s = 1, random starts) on the same
   dataset by a Welch test;
 * ``rgp``: one row per run (mechanism x lr), held-out and test accuracy;
-* ``dphero``: DP-Hero's scales and the membership-inference runs.
+* ``dphero``: DP-Hero's scales and the membership-inference runs;
+* ``pdpsgd``: Welch tests of the historical PDP-SGD study from its ``runs.csv``.
 """
 
 from __future__ import annotations
@@ -163,6 +164,26 @@ def dphero(runs: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------- pdpsgd
+def pdpsgd(runs: Path) -> str:
+    """Welch tests of the historical PDP-SGD study (``results/pdpsgd/runs.csv``: one row per
+    run; the run folders were not kept): each mechanism against DP-SGD per dataset and sigma."""
+    import csv
+
+    cells: dict[tuple, list[float]] = defaultdict(list)
+    with open(Path(runs).parent / "runs.csv") as f:
+        for r in csv.DictReader(f):
+            cells[(r["dataset"], r["mechanism"], float(r["sigma"]))].append(100 * float(r["final"]))
+    lines = ["| dataset | sigma | PDP-SGD - DP-SGD | RPDP-SGD - DP-SGD |", "|---|---:|---|---|"]
+    names = {"mnist": "MNIST", "fashion_mnist": "Fashion-MNIST"}
+    for ds in names:
+        for sigma in sorted({k[2] for k in cells if k[0] == ds}, reverse=True):
+            base = cells[(ds, "dpsgd", sigma)]
+            vs = [stats.compare(base, cells[(ds, m, sigma)]).text() for m in ("pdpsgd", "rpdpsgd")]
+            lines.append(f"| {names[ds]} | {sigma:g} | {vs[0]} | {vs[1]} |")
+    return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------------ API
 #: study -> (table renderer, where a collected run goes under runs/ (None: its dir name),
 #: which collected runs belong to it)
@@ -170,6 +191,7 @@ STUDIES = {
     "speed": (speed, _speed_dest, lambda r: True),
     "rgp": (rgp, None, lambda r: True),
     "dphero": (dphero, None, lambda r: r.path.name.startswith(("lenet_", "mia_"))),
+    "pdpsgd": (pdpsgd, None, lambda r: False),  # the historical study: runs.csv only
 }
 
 
