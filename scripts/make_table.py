@@ -419,7 +419,7 @@ def copy_runs(found, dest: Path) -> None:
 
 def render(table, args) -> Path:
     found = collect(table, args)
-    if not any(found[v] for v in ("paper", "tuned")):
+    if not any(found[v] for v in ("paper", "tuned", "tune")):
         die(
             f"no finished runs of {table.name} under {tables.setting_dir(args.runs, table, args.setting, args.extra)}"
         )
@@ -462,7 +462,7 @@ def parse(argv):
     p.add_argument("--setting", default="paper", help="a setting of the table (default: paper)")
     p.add_argument("--runs", type=Path, default=None,
                    help="runs root (default: outputs/tables when it holds runs of this table and "
-                        "setting, else the committed runs in results/tables)")  # fmt: skip
+                        "setting, else the committed runs in --out)")  # fmt: skip
     p.add_argument(
         "--out", type=Path, default=project_root() / "results" / "tables", help="output root"
     )
@@ -502,7 +502,7 @@ def main(argv=None) -> int:
         made = tables.setting_dir(
             project_root() / "outputs" / "tables", table, args.setting, args.extra
         )
-        args.runs = project_root() / ("outputs" if made.is_dir() else "results") / "tables"
+        args.runs = project_root() / "outputs" / "tables" if made.is_dir() else args.out
     dest = render(table, args)
     print(f"wrote {dest / 'README.md'}")
     return 0

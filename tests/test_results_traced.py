@@ -122,13 +122,13 @@ def generated(readme: Path) -> frozenset[str]:
     from dpsub import studies, tables
 
     rel = readme.relative_to(ROOT).parts
-    if rel[:2] == ("results", "tables") and len(rel) == 5:
+    if rel[0] == "results" and len(rel) == 5 and rel[2] in tables.table_names():
         sys.path.insert(0, str(ROOT / "scripts"))
         import make_table
 
         setting, *extra = rel[3].split("+")
         table = tables.load_table(rel[2])
-        args = SimpleNamespace(setting=setting, extra=extra, runs=ROOT / "results" / "tables")
+        args = SimpleNamespace(setting=setting, extra=extra, runs=ROOT / rel[0] / rel[1])
         found = make_table.collect(table, args)
         lines = make_table.markdown_table(table, found, setting) + make_table.tuning_lines(
             table, found
