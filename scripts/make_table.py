@@ -195,11 +195,11 @@ def markdown_table(table, found, setting: str) -> list[str]:
     head = ["mechanism / setting"]
     for v in cols:
         name = table.label(col, v) if col else ""
-        head += [f"{name} measured", f"{name} paper", "Δ", f"{name} vs GP"]
+        head += [f"{name} measured", f"{name} paper", "Δ", f"{name} vs {baseline_label(table)}"]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     rows = list(dict.fromkeys(tuple((a, c[a]) for a in row_axes(table)) for c in cells))
     for variant in ("paper", "tuned"):
-        if variant == "tuned" and not found["tuned"]:
+        if not found[variant]:
             continue
         for r in rows:
             label = ", ".join(table.label(a, v) for a, v in r)
@@ -212,10 +212,14 @@ def markdown_table(table, found, setting: str) -> list[str]:
     return lines
 
 
+def baseline_label(table) -> str:
+    return table.label("mechanism", BASELINE).split(" (")[0]  # "GP (DP-SGD)" -> "GP"
+
+
 STATS_NOTE = (
     "Cells: mean ± sample std [95% Student-t interval of the mean] (number of seeds); "
-    "Δ = measured mean minus the paper's value. *vs GP*: the difference of the means from "
-    "GP (DP-SGD) with the same hyper-parameter variant in the same column, and a two-sided "
+    "Δ = measured mean minus the paper's value. *vs GP* (or *vs DP-SGD*): the difference of the "
+    "means from DP-SGD (GP) with the same hyper-parameter variant in the same column, and a two-sided "
     f"Welch t-test: `>`/`<` significant at {stats.ALPHA}, `{stats.TIE}` **not significant** "
     "(a tie: the table does not order the two)."
 )
