@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsub import tables
+from dpsub import stats, tables
 from dpsub.config import validate
 from dpsub.errors import ConfigError
 
@@ -317,12 +317,23 @@ def test_make_table_renders_the_runs_beside_the_paper(tiny):
         ]
         for s in (0, 1)
     ]
-    mean, std, n = tables.seed_stats(accs)
+    s = stats.summarize(accs)
     row = next(line for line in text.splitlines() if line.startswith("| gep (paper's"))
-    assert f"| {mean:.2f} ± {std:.2f} (2) | 60 | {mean - 60:+.2f} |" in row
+    assert f"| {s.text()} | 60 | {s.mean - 60:+.2f} |" in row and f"[{s.lo:.2f}, {s.hi:.2f}]" in row
+    assert row.rstrip(" |").endswith(("significant)", "(n/a: < 2 seeds)")) or "(p=" in row
     assert "4 tuning runs" in text and "not** included" in text
     assert "commit:" in text and "hardware:" in text and "reproduce.py" in text
     assert "> **Note.** Runs made by the test." in text
+    # a re-render keeps the recorded provenance (commit, hardware, notes) instead of today's
+    rec = json.loads((dest / "provenance.json").read_text())
+    rec.update(commit="abc1234", hardware="the machine that made the runs")
+    (dest / "provenance.json").write_text(json.dumps(rec))
+    again = script("make_table", spec, "--setting", "tiny", "--runs", tmp / "runs", "--out", out,
+                   "--no-projection", cwd=tmp)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    text2 = (dest / "README.md").read_text()
+    assert "- commit: `abc1234`" in text2 and "the machine that made the runs" in text2
+    assert "> **Note.** Runs made by the test." in text2 and "re-rendered from the same runs" in text2
     assert (dest / "accuracy.png").read_bytes().startswith(b"\x89PNG")
     assert (dest / "projection.png").read_bytes().startswith(b"\x89PNG")  # gep: public data
     proj = json.loads(
@@ -334,6 +345,7 @@ def test_make_table_renders_the_runs_beside_the_paper(tiny):
         "config.yaml",
         "metrics.jsonl",
         "summary.json",
+        "train.log",
     ]
 
 
