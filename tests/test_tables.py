@@ -333,7 +333,9 @@ def test_make_table_renders_the_runs_beside_the_paper(tiny):
     assert again.returncode == 0, again.stderr
     text2 = (dest / "README.md").read_text()
     assert "- commit: `abc1234`" in text2 and "the machine that made the runs" in text2
-    assert "> **Note.** Runs made by the test." in text2 and "re-rendered from the same runs" in text2
+    assert (
+        "> **Note.** Runs made by the test." in text2 and "re-rendered from the same runs" in text2
+    )
     assert (dest / "accuracy.png").read_bytes().startswith(b"\x89PNG")
     assert (dest / "projection.png").read_bytes().startswith(b"\x89PNG")  # gep: public data
     proj = json.loads(
@@ -408,3 +410,21 @@ def test_timing_key_ignores_what_does_not_change_a_steps_cost():
     assert len(keys) == 1
     other = reproduce.timing_key(compose_cfg(*cells[2], "mechanism.num_bases=250"))
     assert other not in keys
+
+
+def test_make_table_help_stops_after_the_help_and_the_default_setting_agrees():
+    """`make table ARGS=--help` prints reproduce.py's help and renders nothing (it used to fail
+    in make_table.py); `make table`, reproduce.py and make_table.py share one default setting."""
+
+    def make(*args):
+        proc = subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    helped = make("table", "ARGS=--help")
+    assert "scripts/reproduce.py gep1-mnist --setting paper --help" in helped
+    assert "make_table.py" not in helped and "make_table.py" not in make("table", "ARGS=--dry-run")
+    assert "scripts/make_table.py gep1-mnist --setting paper" in make("table")
+    assert "scripts/make_table.py gep1-mnist --setting cpu" in make("render", "SETTING=cpu")
+    for name in ("reproduce", "make_table"):
+        assert load_script(name).parse(["gep1-mnist"]).setting == "paper"
