@@ -64,7 +64,9 @@ from dpsub.paths import conf_dir, project_root  # noqa: E402
 
 log = logging.getLogger("dpsub.reproduce")
 CKPT = runs.CHECKPOINT
-COMMITTED = ROOT / "results"  # the runs committed with the repository (reused, never re-run)
+COMMITTED = (
+    project_root() / "results"
+)  # the runs committed with the repository (reused, never re-run)
 
 
 def say(msg: str) -> None:

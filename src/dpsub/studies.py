@@ -19,15 +19,14 @@ from collections import defaultdict
 from pathlib import Path
 
 from dpsub import stats
+from dpsub.paths import project_root
 from dpsub.runs import RunDir, find_runs
 
 __all__ = ["STUDIES", "collect", "render", "study_dir"]
 
-_RESULTS = Path(__file__).resolve().parents[2] / "results"
-
 
 def study_dir(study: str) -> Path:
-    return _RESULTS / study / "runs"
+    return project_root() / "results" / study / "runs"
 
 
 # ----------------------------------------------------------------- speed
