@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The PDP-SGD study re-made with EQUAL grids (issue 27): per dataset, the tables
 # conf/paper/pdpsgd-{mnist,fmnist}.yaml with --tune --skip-paper: every mechanism x sigma tuned
-# on the same 6 learning rates on a validation split (72 runs), then the picks at 3 seeds on
+# on the same 7 learning rates on a validation split (84 runs), then the picks at 3 seeds on
 # the test set (36 runs). One job at a time, niced, single-threaded (a shared 2-core machine).
 # Resumable: a finished run (under outputs/tables or committed under results/) is skipped or
 # reused, so re-running this script continues where the last one stopped. After (or during)
