@@ -34,7 +34,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HISTORICAL = re.compile(r"<!--\s*(historical|cited):\s*\S.*-->")
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+\.\d+(?![\w.])")
-PATHLIKE = re.compile(r"`([^`\s]+)`|\]\(([^)\s#]+)")
+PATHLIKE = re.compile(r"`+([^`]+)`+|\]\(([^)\s#]+)")  # code spans (words inside) and links
 TEXT = {".md", ".json", ".jsonl", ".csv", ".yaml", ".txt", ".log", ".py"}
 #: The papers' values, which tables print beside the measured ones.
 REFERENCES = ("conf/paper", "src/dpsub/studies.py", "scripts/pdpsgd_study.py")
@@ -60,10 +60,11 @@ def readmes() -> list[Path]:
 def tables(readme: Path):
     """(first line number, table lines, section text before it, historical?) per table."""
     lines = readme.read_text().splitlines()
-    section, top, i = [], "", 0
+    section, top, i, fence = [], "", 0, False
     while i < len(lines):
         line = lines[i]
-        if line.startswith("#"):
+        fence ^= line.startswith("```")
+        if line.startswith("#") and not fence:
             section = []
             if line.startswith("## "):
                 top = line
@@ -82,8 +83,9 @@ def tables(readme: Path):
 
 def sources(readme: Path, text: str) -> list[Path]:
     found = []
-    for a, b in PATHLIKE.findall(text):
-        raw = (a or b).split("::")[0].rstrip(".,;:")
+    words = [w for a, b in PATHLIKE.findall(text) for w in (a or b).split()]
+    for word in words:
+        raw = word.split("::")[0].rstrip(".,;:")
         raw = re.sub(r"\{[^}]*\}.*", "", raw)  # a brace pattern: its parent folder
         for base in (readme.parent, ROOT):
             p = (base / raw).resolve()
