@@ -5,7 +5,7 @@ UV := python3 -m uv
 endif
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all lint format bench results table gpu gpu-stage gpu-tiny clean
+.PHONY: setup demo test test-all lint format bench results table render gpu gpu-stage gpu-tiny clean
 
 setup:  ## install uv if missing, then the locked environment (.venv)
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -35,9 +35,12 @@ results: setup  ## the CPU runs behind results/README.md (reduced GEP-paper sett
 	bash scripts/run_cpu_results.sh
 
 TABLE ?= gep1-mnist
-SETTING ?= cpu
-table: setup  ## one paper table (conf/paper/): make table TABLE=gep1-cifar10 SETTING=paper [ARGS=--tune] [OVERRIDES=train.epochs=3]
+SETTING ?= paper
+table: setup  ## one paper table (conf/paper/): make table TABLE=gep1-mnist SETTING=cpu [ARGS=--tune|--dry-run|--help] [OVERRIDES=train.epochs=3]; runs what is missing (committed runs are reused), then renders
 	$(UV) run --frozen python scripts/reproduce.py $(TABLE) --setting $(SETTING) $(ARGS) $(OVERRIDES)
+	$(if $(filter -h --help --dry-run,$(ARGS)),,$(UV) run --frozen python scripts/make_table.py $(TABLE) --setting $(SETTING) $(OVERRIDES))
+
+render: setup  ## re-render a table from its runs only (outputs/tables, else the committed results/tables), keeping the recorded commit and hardware
 	$(UV) run --frozen python scripts/make_table.py $(TABLE) --setting $(SETTING) $(OVERRIDES)
 
 # On a GPU machine (no uv, no network): the checkout with .gpu/ carried; $OUT comes back.

@@ -52,7 +52,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -76,6 +75,7 @@ from dpsub.grads import BACKENDS  # noqa: E402
 CHOICES = (*BACKENDS, "vmap+compile")
 from dpsub.mechanisms.options import SPECS  # noqa: E402
 from dpsub.models import count_parameters  # noqa: E402
+from dpsub.runs import cpu_name, git_commit  # noqa: E402
 from dpsub.training.run import build_run, train_step  # noqa: E402
 
 CONF = ROOT / "conf"
@@ -347,28 +347,7 @@ def plan(args) -> list[tuple[str, str, dict[str, Any]]]:
 
 # --------------------------------------------------------------------- env
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def git_commit() -> str | None:
-    def git(*a):
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=10)
-
-    try:
-        rev, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "-uno")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (
-        rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-        if rev.returncode == 0
-        else None
-    )
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
 def environment(device: torch.device, argv: list[str], args) -> dict:

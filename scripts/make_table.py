@@ -1,8 +1,13 @@
 """Render a paper table from its runs: measured mean +- std beside the paper's value, as
 Markdown, and PNG figures.
 
-    python scripts/make_table.py gep1-mnist --setting cpu          # outputs/tables -> results/tables
-    python scripts/make_table.py gep1-mnist --setting cpu --runs results/tables   # re-render
+    python scripts/make_table.py gep1-mnist --setting cpu   # outputs/tables -> results/tables
+
+Without ``outputs/tables/<table>/<setting>`` (a fresh clone) it re-renders from the runs
+committed in ``results/tables``, keeping the commit, date, hardware and notes recorded in
+``provenance.json`` at the first render (``--restamp`` replaces them, for new runs).
+Cells are mean ± std with a 95% t-interval; every mechanism is compared with GP (DP-SGD)
+of the same variant and column by a two-sided Welch test (``≈``: not significant at 0.05).
 
 Reads the runs ``scripts/reproduce.py`` made (``<runs>/<table>/<setting>/{paper,tune,tuned}/``)
 and writes ``<out>/<table>/<setting>/``: ``README.md`` (the table, the tuning grid and its
@@ -15,6 +20,9 @@ computed here from the model and the test set, never from the private training d
 covered by its epsilon). Each run's config.yaml, summary.json and metrics.jsonl (and the
 cached public_projection.json) are copied beside the table, checkpoints are not.
 
+``--study speed|rgp|dphero [--collect DIR]`` prints the table of ``results/<study>/README.md``
+from ``results/<study>/runs`` (``dpsub.studies``), after copying in the finished runs under DIR.
+
 Override arguments (``train.epochs=3``) select the folder of runs reproduce.py made with
 the same overrides. A missing table or setting is one line on stderr and exit code 2.
 """
@@ -22,13 +30,8 @@ the same overrides. A missing table or setting is one line on stderr and exit co
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
-import os
-import platform
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -43,12 +46,13 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from dpsub import tables  # noqa: E402
+from dpsub import stats, studies, tables  # noqa: E402
 from dpsub.errors import ConfigError  # noqa: E402
 from dpsub.paths import project_root  # noqa: E402
+from dpsub.runs import CHECKPOINT, RunDir, git_commit, provenance  # noqa: E402
 
-COPIED = ("config.yaml", "summary.json", "metrics.jsonl", "public_projection.json")
 PROJECTION = "public_projection.json"
+PROVENANCE = "provenance.json"
 
 
 def die(msg: str) -> None:
@@ -99,15 +103,14 @@ def public_projection(run_dir: Path, data_root: str | None, n: int) -> dict | No
     cache = run_dir / PROJECTION
     if cache.is_file():
         return json.loads(cache.read_text())
-    if not (run_dir / "checkpoint.pt").is_file():
+    if not (run_dir / CHECKPOINT).is_file():
         return None
     import torch
-    from omegaconf import OmegaConf
 
     from dpsub.training.checkpoint import load_checkpoint
     from dpsub.training.run import build_run, load_run_state
 
-    cfg = OmegaConf.load(run_dir / "config.yaml")
+    cfg = RunDir(run_dir).config()
     if data_root:
         cfg.data.root = data_root
     if cfg.dataset.get("validation_size") or cfg.mechanism.name not in ("gep", "bgep"):
@@ -158,17 +161,17 @@ def col_axis(table: tables.Table) -> str | None:
     return table.layout.get("columns") or table.layout.get("x")
 
 
-def fmt(mean: float, std: float, n: int) -> str:
-    if n <= 1:  # no spread from a single seed
-        return "–" if n == 0 else f"{mean:.2f} (1)"
-    return f"{mean:.2f} ± {std:.2f} ({n})"
+BASELINE = "dpsgd"  # the papers compare every mechanism with GP (DP-SGD) in the same column
 
 
-def cell_text(table, found, variant, cell) -> tuple[str, str, str]:
-    """(measured, paper, difference) of one cell."""
-    mean, std, n = tables.seed_stats(
-        metric_values(table, found[variant].get(tables.cell_id(cell), []))
-    )
+def cell_values(table, found, variant, cell) -> list[float]:
+    return metric_values(table, found[variant].get(tables.cell_id(cell), []))
+
+
+def cell_text(table, found, variant, cell) -> list[str]:
+    """(measured, paper, difference, vs GP) of one cell."""
+    vals = cell_values(table, found, variant, cell)
+    s = stats.summarize(vals)
     entry = table.paper_cell(cell)
     paper = entry.get("value") if entry else None
     ptxt = (
@@ -176,8 +179,13 @@ def cell_text(table, found, variant, cell) -> tuple[str, str, str]:
         if paper is None
         else f"{paper:g}" + (f" ± {entry['std']:g}" if entry.get("std") else "")
     )
-    diff = "–" if paper is None or n == 0 else f"{mean - paper:+.2f}"
-    return fmt(mean, std, n), ptxt, diff
+    diff = "–" if paper is None or s.n == 0 else f"{s.mean - paper:+.2f}"
+    vs = "–"
+    if cell.get("mechanism") not in (None, BASELINE) and s.n:
+        base = cell_values(table, found, variant, {**cell, "mechanism": BASELINE})
+        if base:
+            vs = stats.compare(base, vals).text()
+    return [s.text(), ptxt, diff, vs]
 
 
 def markdown_table(table, found, setting: str) -> list[str]:
@@ -187,11 +195,11 @@ def markdown_table(table, found, setting: str) -> list[str]:
     head = ["mechanism / setting"]
     for v in cols:
         name = table.label(col, v) if col else ""
-        head += [f"{name} measured", f"{name} paper", "Δ"]
+        head += [f"{name} measured", f"{name} paper", "Δ", f"{name} vs {baseline_label(table)}"]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     rows = list(dict.fromkeys(tuple((a, c[a]) for a in row_axes(table)) for c in cells))
     for variant in ("paper", "tuned"):
-        if variant == "tuned" and not found["tuned"]:
+        if not found[variant]:
             continue
         for r in rows:
             label = ", ".join(table.label(a, v) for a, v in r)
@@ -202,6 +210,19 @@ def markdown_table(table, found, setting: str) -> list[str]:
                 texts += cell_text(table, found, variant, {a: cell[a] for a in table.axes})
             lines.append(f"| {label} | " + " | ".join(texts) + " |")
     return lines
+
+
+def baseline_label(table) -> str:
+    return table.label("mechanism", BASELINE).split(" (")[0]  # "GP (DP-SGD)" -> "GP"
+
+
+STATS_NOTE = (
+    "Cells: mean ± sample std [95% Student-t interval of the mean] (number of seeds); "
+    "Δ = measured mean minus the paper's value. *vs GP* (or *vs DP-SGD*): the difference of the "
+    "means from DP-SGD (GP) with the same hyper-parameter variant in the same column, and a two-sided "
+    f"Welch t-test: `>`/`<` significant at {stats.ALPHA}, `{stats.TIE}` **not significant** "
+    "(a tie: the table does not order the two)."
+)
 
 
 def tuning_lines(table, found) -> list[str]:
@@ -228,7 +249,16 @@ def tuning_lines(table, found) -> list[str]:
             acc = 100 * tables.read_summary(j.dir).get("validation_accuracy", math.nan)
             clip = " ".join(t.clip[j.cell["mechanism"]][ci])
             chosen = "**yes**" if pick and (pick["lr"], pick["clip"]) == (lr, ci) else ""
+            if chosen and lr in (min(t.lr), max(t.lr)):
+                chosen += " (lr at the grid's edge)"
             lines.append(f"| {cid} | {lr:g} | `{clip}` | {acc:.2f} | {chosen} |")
+    edge = [c for c, p in found["picks"].items() if p["lr"] in (min(t.lr), max(t.lr))]
+    if edge:
+        lines += [
+            "",
+            f"**Picked at the edge of the lr grid** ({', '.join(edge)}): the grid was not "
+            "extended, so a better lr may lie beyond it; those cells may be under-tuned.",
+        ]
     return lines + [""]
 
 
@@ -328,58 +358,40 @@ def plot_projection(table, proj, rows, xs, col, out: Path) -> Path:
 
 
 # ------------------------------------------------------------ provenance
-def git_commit() -> str:
-    def git(*a):
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=10)
-
-    try:
-        rev = git("rev-parse", "--short", "HEAD").stdout.strip()
-        dirty = git("status", "--porcelain", "-uno").stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (rev + ("-dirty" if dirty else "")) or "unknown"
-
-
-def hardware() -> str:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    return f"{cpu}, {os.cpu_count()} cores; GPU: {gpu}; torch {torch.__version__}"
-
-
 def train_hours(found) -> tuple[float, int]:
-    """Wall-clock training time summed over the runs (from metrics.jsonl's steps_per_s)."""
-    total, seen = 0.0, set()
-    for variant in ("paper", "tuned", "tune"):
-        for jobs in found[variant].values():
+    """Wall-clock training time summed over the runs (from metrics.jsonl's steps_per_s); a
+    run reused by two cells (a link, or a committed copy: same metrics) counts once."""
+    runs = {}
+    for v in ("paper", "tuned", "tune"):
+        for jobs in found[v].values():
             for j in jobs:
-                if j.dir.resolve() in seen:  # a reused run counts once
-                    continue
-                seen.add(j.dir.resolve())
-                last = 0
-                for line in (j.dir / "metrics.jsonl").read_text().splitlines():
-                    row = json.loads(line)
-                    if row.get("steps_per_s"):
-                        total += (row["step"] - last) / row["steps_per_s"]
-                        last = row["step"]
-    return total / 3600, len(seen)
+                runs.setdefault(RunDir(j.dir).metrics_path.read_bytes(), RunDir(j.dir))
+    return sum(r.train_seconds() for r in runs.values()) / 3600, len(runs)
 
 
-def header(table, args, found) -> list[str]:
+def recorded(dest: Path, args) -> dict:
+    """The provenance of the runs (commit, date, hardware, notes): the one recorded in
+    ``dest/provenance.json`` when the table was first rendered, kept on re-renders (so a
+    re-render never stamps today's commit or machine over the runs'); new with --restamp."""
+    path = dest / PROVENANCE
+    rec = json.loads(path.read_text()) if path.is_file() and not args.restamp else {}
+    if not rec:
+        rec = {**provenance(), "notes": []}
+    if args.note:
+        rec["notes"] = list(args.note)
+    path.write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
+
+
+def header(table, args, found, rec: dict) -> list[str]:
     setting = table.setting(args.setting)
     hours, n = train_hours(found)
     extra = " ".join(args.extra)
     tune = " --tune" if found["tune"] else ""
     cmd = f"python scripts/reproduce.py {table.name} --setting {args.setting}{tune}"
     cmd += f" {extra}" if extra else ""
+    now = git_commit() or "unknown"
+    again = [] if now == rec["commit"] else [f"- re-rendered from the same runs at commit `{now}`"]
     return [
         f"# {table.title}",
         "",
@@ -388,14 +400,15 @@ def header(table, args, found) -> list[str]:
         f"**Setting `{args.setting}`**: {setting.note}"
         + (f" Overrides: `{extra}`." if extra else ""),
         "",
-        *[line for note in args.note for line in (f"> **Note.** {note}", "")],
-        f"- commit: `{git_commit()}`; rendered {dt.datetime.now().isoformat(timespec='minutes')}",
+        *[line for note in rec.get("notes", []) for line in (f"> **Note.** {note}", "")],
+        f"- commit: `{rec['commit']}`; rendered {rec['date']} (recorded in {PROVENANCE})",
+        *again,
         f"- runs: `{cmd}` (OMP_NUM_THREADS=1), then `python scripts/make_table.py {table.name} "
         f"--setting {args.setting}`",
-        f"- hardware: {hardware()}",
+        f"- hardware: {rec['hardware']}",
         f"- {n} runs, {hours:.2f} h of training wall-clock in total",
         "",
-        "Cells: mean ± sample std over seeds (number of seeds); Δ = measured mean minus the paper.",
+        STATS_NOTE,
         "",
     ]
 
@@ -405,18 +418,12 @@ def copy_runs(found, dest: Path) -> None:
     for variant in ("paper", "tuned", "tune"):
         for jobs in found[variant].values():
             for j in jobs:
-                target = dest / variant / j.name
-                if target.resolve() == j.dir.resolve():
-                    continue
-                target.mkdir(parents=True, exist_ok=True)
-                for name in COPIED:
-                    if (j.dir / name).is_file():
-                        shutil.copyfile(j.dir / name, target / name)
+                RunDir(j.dir).copy_small_files(dest / variant / j.name)
 
 
 def render(table, args) -> Path:
     found = collect(table, args)
-    if not any(found[v] for v in ("paper", "tuned")):
+    if not any(found[v] for v in ("paper", "tuned", "tune")):
         die(
             f"no finished runs of {table.name} under {tables.setting_dir(args.runs, table, args.setting, args.extra)}"
         )
@@ -424,7 +431,11 @@ def render(table, args) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     proj = {} if args.no_projection else projections(table, found, args)
     copy_runs(found, dest)
-    lines = header(table, args, found) + markdown_table(table, found, args.setting) + [""]
+    lines = (
+        header(table, args, found, recorded(dest, args))
+        + markdown_table(table, found, args.setting)
+        + [""]
+    )
     figs = plot_metric(table, found, args.setting, proj, dest)
     lines += [f"![{f.stem}]({f.name})" for f in figs] + [""]
     if proj:
@@ -446,12 +457,16 @@ def parse(argv):
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("table")
+    p.add_argument("table", nargs="?", help=f"a paper table: {', '.join(tables.table_names())}")
+    p.add_argument("--study", choices=sorted(studies.STUDIES),
+                   help="print the table of results/<study>/README.md from results/<study>/runs")  # fmt: skip
+    p.add_argument("--collect", type=Path, metavar="DIR",
+                   help="with --study: first copy the small files of the finished runs under DIR")  # fmt: skip
     p.add_argument("overrides", nargs="*", help="the run-changing overrides given to reproduce.py")
-    p.add_argument("--setting", default="paper")
-    p.add_argument(
-        "--runs", type=Path, default=project_root() / "outputs" / "tables", help="runs root"
-    )
+    p.add_argument("--setting", default="paper", help="a setting of the table (default: paper)")
+    p.add_argument("--runs", type=Path, default=None,
+                   help="runs root (default: outputs/tables when it holds runs of this table and "
+                        "setting, else the committed runs in --out)")  # fmt: skip
     p.add_argument(
         "--out", type=Path, default=project_root() / "results" / "tables", help="output root"
     )
@@ -459,12 +474,25 @@ def parse(argv):
     p.add_argument("--data-root", default=None, help="data.root for the projection errors")
     p.add_argument("--projection-examples", type=int, default=1000)
     p.add_argument("--note", action="append", default=[],
-                   help="a paragraph for the rendered README, e.g. how the runs were made")  # fmt: skip
+                   help="a paragraph for the rendered README, e.g. how the runs were made "
+                        "(kept in provenance.json for later re-renders)")  # fmt: skip
+    p.add_argument("--restamp", action="store_true",
+                   help="record this commit and machine as the runs' provenance (new runs); by "
+                        "default a re-render keeps the provenance recorded at the first render")  # fmt: skip
     return p.parse_intermixed_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
+    if args.study:
+        if args.collect is not None:
+            if not args.collect.is_dir():
+                die(f"--collect {args.collect}: no such directory")
+            print(f"collected {studies.collect(args.study, args.collect)} runs", file=sys.stderr)
+        print(studies.render(args.study))
+        return 0
+    if not args.table:
+        die("name a table (or --study NAME)")
     from dpsub.training.checkpoint import may_change
 
     args.extra = [o for o in args.overrides if not may_change(o.lstrip("+~").split("=")[0])
@@ -474,6 +502,11 @@ def main(argv=None) -> int:
         table.setting(args.setting)
     except ConfigError as e:
         die(str(e))
+    if args.runs is None:
+        made = tables.setting_dir(
+            project_root() / "outputs" / "tables", table, args.setting, args.extra
+        )
+        args.runs = project_root() / "outputs" / "tables" if made.is_dir() else args.out
     dest = render(table, args)
     print(f"wrote {dest / 'README.md'}")
     return 0

@@ -20,7 +20,14 @@ import json
 import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import dpsub  # noqa: F401
+except ImportError:  # a checkout without the package installed
+    sys.path.insert(0, str(ROOT / "src"))
+
+from dpsub import runs  # noqa: E402
+from dpsub.runs import CHECKPOINT, CONFIG, RunDir  # noqa: E402
 
 
 class RunError(Exception):
@@ -29,16 +36,11 @@ class RunError(Exception):
 
 def load(run_dir: Path, data_root: str | None):
     """The rebuilt run with the checkpoint's model (RunError if anything is missing)."""
-    if not run_dir.is_dir():
-        raise RunError(f"{run_dir}: no such run directory")
-    for name in ("config.yaml", "checkpoint.pt"):
-        if not (run_dir / name).is_file():
-            raise RunError(f"{run_dir}: no {name} in this directory (not a finished dpsub run?)")
     try:
-        cfg = OmegaConf.load(run_dir / "config.yaml")
-    except Exception as e:  # noqa: BLE001 -- YAML syntax errors have several classes
-        problem = f"not a readable YAML file ({type(e).__name__})"
-        raise RunError(f"{run_dir / 'config.yaml'}: {problem}") from None
+        RunDir(run_dir).require(CONFIG, CHECKPOINT)
+        cfg = RunDir(run_dir).config()
+    except runs.RunError as e:
+        raise RunError(str(e)) from None
     from dpsub.errors import exit_code  # torch is imported only for a plausible run dir
     from dpsub.training.checkpoint import data_fingerprint, load_checkpoint
     from dpsub.training.run import build_run

@@ -173,6 +173,13 @@ MUTANTS = (
         ("tests/test_rgp.py", "-k", "records_give"),
     ),
     Mutant(
+        "rgp-head-scale-dropped",
+        "src/dpsub/grads/lowrank.py",
+        "params = {**params, name: p.detach() + s * (p - p.detach())}",
+        "params = {**params, name: p.detach() + (p - p.detach())}",
+        ("tests/test_rgp.py", "-k", "authors_head"),
+    ),
+    Mutant(
         "pdpsgd-half-noise",
         "src/dpsub/mechanisms/pdpsgd.py",
         "        std = ctx.z * o.clip\n",

@@ -1,17 +1,19 @@
 """Plot test accuracy against steps and against epsilon spent for one or more runs.
 
     uv run python scripts/plot_runs.py outputs/runs/<date>/<run> [...] [--out FILE.png]
+    uv run python scripts/plot_runs.py outputs/multirun/<date>/<time>     # a Hydra sweep
 
-Reads each run dir's metrics.jsonl (and config.yaml, if present, for the legend);
-works on multirun job dirs too. Without --out the figure goes next to the runs, to
-<common parent of the run dirs>/runs.png; the path written is printed. A run dir
-that is missing or has no readable metrics.jsonl is reported on one line (exit 2).
+Each argument is a run dir or a folder holding runs (a sweep folder). Runs that differ only
+in their seed are drawn in one colour with one legend entry (labelled by the config keys
+that vary between settings). Without --out the figure goes next to the runs, to
+<common parent of the arguments>/runs.png; the path written is printed. A path that is
+missing or holds no finished run (summary.json, config.yaml, metrics.jsonl) is reported on
+one line (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -22,48 +24,33 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import dpsub  # noqa: F401
+except ImportError:  # a checkout without the package installed
+    sys.path.insert(0, str(ROOT / "src"))
 
-class RunError(Exception):
-    """A run dir that cannot be plotted; the message names it."""
-
-
-def read_rows(run: Path) -> list[dict]:
-    """The records of ``run/metrics.jsonl``."""
-    path = run / "metrics.jsonl"
-    if not run.is_dir():
-        raise RunError(f"{run}: {'not a directory' if run.exists() else 'no such run directory'}")
-    if not path.is_file():
-        raise RunError(f"{run}: no metrics.jsonl in this directory (not a dpsub run dir?)")
-    rows = []
-    for num, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise RunError(f"{path}:{num}: not a JSON line ({e.msg})") from None
-    return rows
+from dpsub.runs import METRICS, RunDir, RunError, expand, group_by_setting  # noqa: E402
 
 
-def label(run: Path) -> str:
+def load(paths: list[Path]) -> list[tuple[str, list[list[dict]]]]:
+    """(legend label, the metrics records of each seed) per setting: the runs under
+    ``paths`` (run dirs or sweep folders) that differ only in their seed share one label."""
+    runs = expand(paths, marker=METRICS)
+    groups = group_by_setting(runs) if len(runs) > 1 else {label(runs[0]): runs}
+    return [(name, [r.metrics() for r in group]) for name, group in groups.items()]
+
+
+def label(run: RunDir) -> str:
     """Mechanism, dataset, epsilon and lr from config.yaml; the dir name without one."""
-    path = run / "config.yaml"
-    if not path.is_file():
-        return run.name
-    try:
-        c = OmegaConf.load(path)
-    except Exception as e:  # YAML syntax errors have several classes
-        raise RunError(f"{path}: not a readable YAML file ({type(e).__name__})") from None
+    if not run.config_path.is_file():
+        return run.path.name
+    c = run.config()
     get = lambda key: OmegaConf.select(c, key, default="?")  # noqa: E731
     return (
         f"{get('mechanism.name')} ({get('dataset.name')}, eps={get('privacy.epsilon')}, "
         f"lr={get('optim.lr')})"
     )
-
-
-def load(run: Path) -> tuple[str, list[dict]]:
-    """The legend label and the metrics records of a run dir."""
-    rows = read_rows(run)
-    return label(run), rows
 
 
 def default_out(runs: list[Path]) -> Path:
@@ -76,17 +63,19 @@ def plot(runs: list[tuple[str, list[dict]]], metrics: list[str], out: Path) -> N
     n = 2 + len(metrics)
     fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4))
     ax1, ax2 = axes[0], axes[1]
-    for name, rows in runs:
-        ev = [r for r in rows if "test/accuracy" in r]
-        acc = [100 * r["test/accuracy"] for r in ev]
-        ax1.plot([r["step"] for r in ev], acc, marker=".", label=name)
-        eps = [r for r in ev if isinstance(r.get("epsilon"), (int, float))]
-        if eps:
-            acc_eps = [100 * r["test/accuracy"] for r in eps]
-            ax2.plot([r["epsilon"] for r in eps], acc_eps, marker=".", label=name)
-        for ax, key in zip(axes[2:], metrics, strict=True):
-            pts = [r for r in rows if isinstance(r.get(key), (int, float))]
-            ax.plot([r["step"] for r in pts], [r[key] for r in pts], label=name)
+    for i, (name, seeds) in enumerate(runs):
+        for j, rows in enumerate(seeds):  # one colour per setting, one legend entry per setting
+            kw = dict(color=f"C{i % 10}", label=name if j == 0 else None, alpha=0.8)
+            ev = [r for r in rows if "test/accuracy" in r]
+            acc = [100 * r["test/accuracy"] for r in ev]
+            ax1.plot([r["step"] for r in ev], acc, marker=".", **kw)
+            eps = [r for r in ev if isinstance(r.get("epsilon"), (int, float))]
+            if eps:
+                acc_eps = [100 * r["test/accuracy"] for r in eps]
+                ax2.plot([r["epsilon"] for r in eps], acc_eps, marker=".", **kw)
+            for ax, key in zip(axes[2:], metrics, strict=True):
+                pts = [r for r in rows if isinstance(r.get(key), (int, float))]
+                ax.plot([r["step"] for r in pts], [r[key] for r in pts], **kw)
     ax1.set(xlabel="step", ylabel="test accuracy (%)", title="accuracy vs steps")
     ax2.set(xlabel="epsilon spent", ylabel="test accuracy (%)", title="accuracy vs privacy spent")
     for ax, key in zip(axes[2:], metrics, strict=True):
@@ -103,7 +92,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("runs", nargs="+", type=Path, help="run dirs (each with a metrics.jsonl)")
+    ap.add_argument("runs", nargs="+", type=Path, help="run dirs or sweep folders")
     ap.add_argument(
         "--out", type=Path, help="PNG to write (default: <common parent of the runs>/runs.png)"
     )
@@ -115,7 +104,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     try:
-        runs = [load(run) for run in args.runs]
+        runs = load(args.runs)
     except RunError as e:
         print(f"plot_runs: {e}", file=sys.stderr)
         return 2

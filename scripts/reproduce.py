@@ -20,12 +20,19 @@ picks the best point per cell by validation accuracy (``tune/picks.json``) and r
 picks on the test set with every seed (variant ``tuned``). The tuning runs' privacy cost
 is not counted (as in the papers).
 
-``--dry-run`` prints every job with its status, steps and estimated time: a couple of
-steps of each distinct setting (dataset shape, model, mechanism, batch, anchors) are
-timed with the trainer's own ``build_run``/``train_step`` on synthetic data of the same
-shape (cached in ``<out>/.step_times.json`` per CPU/GPU name and thread count), times
-the job's steps. The GPU column is an estimate: the CPU time scaled by this CPU's
-measured matmul throughput over ``--gpu-tflops`` (an assumption, not a measurement).
+``--dry-run`` prints every job with its status, N, steps and estimated time, where the runs
+go, and a one-line reason for every cost it cannot give (missing data, no step time), in
+seconds: step times come from an earlier ``--time`` on this machine (cached in
+``<out>/.step_times.json``) or from the steps_per_s that finished runs of the same setting
+recorded (under ``<out>`` and ``results/tables``). ``--dry-run --time`` measures the missing
+ones: a couple of steps of each distinct setting (dataset shape, model, mechanism, batch,
+anchors) with the trainer's own ``build_run``/``train_step`` on synthetic data of the same
+shape, and adds a GPU column: the CPU time scaled by this CPU's measured matmul throughput
+over ``--gpu-tflops`` (an assumption, not a measurement).
+
+A finished run anywhere under ``<out>`` or among the runs committed in ``results/``
+whose config equals a job's is reused (a symlink), so ``make table`` on a fresh clone
+re-renders the committed tables instead of re-running them.
 
 A bad table, setting or override is one line on stderr, exit code 2, nothing written.
 """
@@ -51,12 +58,15 @@ except ImportError:  # a checkout without the package installed
 
 from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
-from dpsub import tables  # noqa: E402
+from dpsub import runs, tables  # noqa: E402
 from dpsub.errors import ConfigError, DataError  # noqa: E402
 from dpsub.paths import conf_dir, project_root  # noqa: E402
 
 log = logging.getLogger("dpsub.reproduce")
-CKPT = "checkpoint.pt"
+CKPT = runs.CHECKPOINT
+COMMITTED = (
+    project_root() / "results"
+)  # the runs committed with the repository (reused, never re-run)
 
 
 def say(msg: str) -> None:
@@ -93,7 +103,7 @@ def plan(args, table: tables.Table) -> tuple[list[tables.Job], list[tables.Job],
     """(jobs of phase 1, jobs of phase 2 (tuned), picks). Phase 1: the paper variant, and
     with --tune the tuning grid; phase 2: the tuned picks (known once tuning finished)."""
     kw = dict(extra=args.extra, passthrough=args.passthrough)
-    jobs = tables.plan_jobs(table, args.setting, args.out, "paper", **kw)
+    jobs = [] if args.skip_paper else tables.plan_jobs(table, args.setting, args.out, "paper", **kw)
     tuned, picks = [], {}
     if args.tune:
         tune_jobs = tables.plan_jobs(table, args.setting, args.out, "tune", **kw)
@@ -131,13 +141,17 @@ def compose_all(jobs: list[tables.Job]) -> dict[Path, DictConfig]:
 
 def finished_runs(root: Path) -> list[tuple[Path, dict]]:
     """(run dir, saved config) of every finished run under ``root`` (not through symlinks)."""
-    runs = []
-    for summary in sorted(Path(root).rglob(tables.SUMMARY)):
-        d = summary.parent
-        if any(p.is_symlink() for p in [d, *d.parents]) or not (d / "config.yaml").is_file():
-            continue
-        runs.append((d, OmegaConf.to_container(OmegaConf.load(d / "config.yaml"))))
-    return runs
+    return [(r.path, r.config_dict()) for r in runs.find_runs(root, follow_links=False)]
+
+
+def portable(cfg: dict) -> dict:
+    """``cfg`` with paths under its data.root written relative to it: the same data on two
+    machines (a committed run's aux.path) is the same setting."""
+    root = str((cfg.get("data") or {}).get("root") or "")
+    aux = dict(cfg.get("aux") or {})
+    if root and str(aux.get("path", "")).startswith(root.rstrip("/") + "/"):
+        aux["path"] = "${data.root}" + str(aux["path"])[len(root.rstrip("/")) :]
+    return {**cfg, "aux": aux}
 
 
 def status(job: tables.Job, cfg: DictConfig, done: list[tuple[Path, dict]]) -> str:
@@ -149,9 +163,9 @@ def status(job: tables.Job, cfg: DictConfig, done: list[tuple[Path, dict]]) -> s
     if (job.dir / CKPT).is_file():
         return "resume"
     if not job.dir.exists():
-        new = OmegaConf.to_container(cfg, resolve=True)
+        new = portable(OmegaConf.to_container(cfg, resolve=True))
         for d, saved in done:
-            if d != job.dir and not changed_keys(saved, new):
+            if d != job.dir and not changed_keys(portable(saved), new):
                 return f"reuse:{d}"
     return "todo"
 
@@ -218,15 +232,7 @@ def machine() -> str:
 
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)}"
-    name = "cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name} x{torch.get_num_threads()} threads"
+    return f"{runs.cpu_name()} x{torch.get_num_threads()} threads"
 
 
 def matmul_gflops() -> float:
@@ -241,8 +247,9 @@ def matmul_gflops() -> float:
     return 2 * 1024**3 * n / (time.perf_counter() - t0) / 1e9
 
 
-def train_size(cfg: DictConfig, cache: dict) -> int | None:
-    """N, the private training set of ``cfg`` (after aux and validation carve-outs)."""
+def train_size(cfg: DictConfig, cache: dict) -> int | str:
+    """N, the private training set of ``cfg`` (after aux and validation carve-outs), or a
+    one-line reason it is unknown (the data is missing)."""
     from dpsub.data.aux import build_aux
     from dpsub.data.validation import carve_validation
     from dpsub.training.run import load_data
@@ -257,31 +264,57 @@ def train_size(cfg: DictConfig, cache: dict) -> int | None:
             if cfg.dataset.get("validation_size"):
                 data = carve_validation(data, int(cfg.dataset.validation_size), cfg.seed)
             cache[key] = int(data.train_y.shape[0])
-        except DataError:
-            cache[key] = None
+        except DataError as e:
+            cache[key] = str(e).splitlines()[0]
     return cache[key]
 
 
+def recorded_step_times(roots: list[Path], cfgs: dict[Path, DictConfig]) -> dict[str, float]:
+    """timing key -> seconds per step measured by finished runs under ``roots`` (their
+    metrics.jsonl's steps_per_s, median over runs): the dry run's default estimate."""
+    want = {timing_key(c) for c in cfgs.values()}
+    seen: dict[str, list[float]] = {}
+    for root in roots:
+        for run in runs.find_runs(root) if Path(root).is_dir() else []:
+            try:
+                key = timing_key(run.config())
+                if key not in want:
+                    continue
+                rates = [r["steps_per_s"] for r in run.metrics() if r.get("steps_per_s")]
+            except Exception:  # noqa: BLE001 -- an old run's config may not compose: skip it
+                continue
+            if rates:
+                seen.setdefault(key, []).append(1 / statistics.median(rates))
+    return {k: statistics.median(v) for k, v in seen.items()}
+
+
 def estimate(jobs, cfgs, args) -> list[dict]:
-    """Steps and estimated seconds of every job (step times measured or cached)."""
+    """Steps and estimated seconds of every job. Step times: cached from an earlier --time
+    (``<out>/.step_times.json``, this machine), else recorded by finished runs of the same
+    setting; measured only with --time."""
     from dpsub.training.run import plan_steps
 
     cache_path = Path(args.out) / ".step_times.json"
     cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     here = machine()
     times, sizes, rows = cache.setdefault(here, {}), {}, []
+    recorded = recorded_step_times([args.out, COMMITTED], cfgs)
     for job in jobs:
         cfg = cfgs[job.dir]
         key = timing_key(cfg)
-        if key not in times:
+        if key not in times and args.time:
             say(f"  timing {job.variant}/{job.name} ({args.timing_steps} steps) ...")
             times[key] = time_step(cfg, args.timing_steps, 1)
             cache_path.parent.mkdir(parents=True, exist_ok=True)
             cache_path.write_text(json.dumps(cache, indent=1))
+        step_s = times.get(key, recorded.get(key, math.nan))
         n = train_size(cfg, sizes)
-        steps = plan_steps(cfg, n)[1] if n else None
-        sec = steps * times[key] if steps else math.nan
-        rows.append({"job": job, "steps": steps, "step_s": times[key], "sec": sec, "n": n})
+        steps = plan_steps(cfg, n)[1] if isinstance(n, int) else None
+        why = "" if isinstance(n, int) else n
+        if not why and not math.isfinite(step_s):
+            why = "no step time cached or recorded for this setting (--time measures it)"
+        sec = steps * step_s if steps else math.nan
+        rows.append({"job": job, "steps": steps, "step_s": step_s, "sec": sec, "n": n, "why": why})
     return rows
 
 
@@ -293,22 +326,38 @@ def hms(sec: float) -> str:
     return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
 
 
-def print_grid(rows, states, args, gpu_factor: float) -> None:
-    say("| variant | job | status | N | steps | s/step | est. CPU | est. GPU |")
-    say("|---|---|---|---:|---:|---:|---:|---:|")
-    todo_s = 0.0
+def print_grid(rows, states, gpu_factor: float | None) -> None:
+    gpu = gpu_factor is not None
+    say(
+        "| variant | job | status | N | steps | s/step | est. CPU |"
+        + (" est. GPU |" if gpu else "")
+    )
+    say("|---|---|---|---:|---:|---:|---:|" + ("---:|" if gpu else ""))
+    todo_s, reasons = 0.0, {}
     for r in rows:
         j, st = r["job"], states[r["job"].dir]
         pending = st in ("todo", "resume", "after tuning")
-        todo_s += r["sec"] if pending else 0.0
+        todo_s += r["sec"] if pending and math.isfinite(r["sec"]) else 0.0
+        note = ""
+        if r["why"]:
+            note = f" [{reasons.setdefault(r['why'], len(reasons) + 1)}]"
+        step = f"{r['step_s']:.2f}" if math.isfinite(r["step_s"]) else "?"
+        n = r["n"] if isinstance(r["n"], int) else "?"
         say(
-            f"| {j.variant} | {j.name} | {st.split(':')[0]} | {r['n'] or '?'} | {r['steps'] or '?'} "
-            f"| {r['step_s']:.2f} | {hms(r['sec'])} | {hms(r['sec'] * gpu_factor)} |"
+            f"| {j.variant} | {j.name} | {st.split(':')[0]} | {n} | {r['steps'] or '?'} "
+            f"| {step} | {hms(r['sec'])}{note} |"
+            + (f" {hms(r['sec'] * gpu_factor)} |" if gpu else "")
         )
-    total = sum(r["sec"] for r in rows)
+    for why, i in reasons.items():
+        say(f"[{i}] {why}")
+    total = sum(r["sec"] for r in rows if math.isfinite(r["sec"]))
+    unknown = sum(not math.isfinite(r["sec"]) for r in rows)
     say(
-        f"\n{len(rows)} jobs; all: {hms(total)} CPU ({hms(total * gpu_factor)} GPU, estimate); "
-        f"still to run: {hms(todo_s)} CPU ({hms(todo_s * gpu_factor)} GPU, estimate)"
+        f"\n{len(rows)} jobs; all: {hms(total)} CPU"
+        + (f" ({hms(total * gpu_factor)} GPU, estimate)" if gpu else "")
+        + f"; still to run: {hms(todo_s)} CPU"
+        + (f" ({hms(todo_s * gpu_factor)} GPU, estimate)" if gpu else "")
+        + (f"; {unknown} jobs of unknown cost not counted" if unknown else "")
     )
 
 
@@ -320,7 +369,7 @@ def dry_run(args, table, jobs, tuned, picks) -> None:
         )  # fmt: skip
     all_jobs = jobs + tuned
     cfgs = compose_all(all_jobs)
-    done = finished_runs(args.out)
+    done = finished_runs(args.out) + finished_runs(COMMITTED)
     states = {j.dir: status(j, cfgs[j.dir], done) for j in jobs}
     for j in tuned:
         states[j.dir] = status(j, cfgs[j.dir], done) if picks else "after tuning"
@@ -328,15 +377,24 @@ def dry_run(args, table, jobs, tuned, picks) -> None:
     say(f"# {table.title}: setting {args.setting} ({setting.note})")
     if args.extra:
         say(f"# overrides changing the runs: {' '.join(args.extra)}")
+    say(f"# runs go to {tables.setting_dir(args.out, table, args.setting, args.extra)}/<variant>/<job>; "
+        f"render with: python scripts/make_table.py {table.name} --setting {args.setting} "
+        f"{' '.join(args.extra)}".rstrip())  # fmt: skip
     rows = estimate(all_jobs, cfgs, args)
-    gflops = matmul_gflops()
-    factor = gflops / (args.gpu_tflops * 1e3)
-    say(
-        f"# step times on {machine()} (load average {os.getloadavg()[0]:.1f}); GPU column = CPU "
-        f"x {gflops:.0f} GFLOP/s (this CPU's fp32 matmul) / {args.gpu_tflops:g} TFLOP/s "
-        "(assumed GPU): an estimate, not a measurement\n"
-    )
-    print_grid(rows, states, args, factor)
+    factor = None
+    if args.time:
+        gflops = matmul_gflops()
+        factor = gflops / (args.gpu_tflops * 1e3)
+        say(
+            f"# step times measured on {machine()} (load average {os.getloadavg()[0]:.1f}); GPU "
+            f"column = CPU x {gflops:.0f} GFLOP/s (this CPU's fp32 matmul) / {args.gpu_tflops:g} "
+            "TFLOP/s (assumed GPU): an estimate, not a measurement"
+        )
+    else:
+        say("# step times: cached from an earlier --time on this machine, else those recorded by "
+            "finished runs of the same setting (steps_per_s); --time measures the missing ones")  # fmt: skip
+    say("")
+    print_grid(rows, states, factor)
 
 
 # --------------------------------------------------------------- launch
@@ -385,7 +443,7 @@ def hydra_main() -> None:
 
 def run_phase(jobs, args, hydra_ov, label: str) -> None:
     cfgs = compose_all(jobs)
-    done = finished_runs(args.out)
+    done = finished_runs(args.out) + finished_runs(COMMITTED)
     states = {j.dir: status(j, cfgs[j.dir], done) for j in jobs}
     link_reused(jobs, states)
     pending = [j for j in jobs if states[j.dir] in ("todo", "resume")]
@@ -416,8 +474,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--tune", action="store_true", help="also tune lr x clip, then run the picks")
     p.add_argument("--dry-run", action="store_true", help="print the grid and its cost only")
+    p.add_argument("--skip-paper", action="store_true",
+                   help="with --tune: only the tuning grid and the tuned picks (not the runs at "
+                        "the paper's hyper-parameters)")  # fmt: skip
     p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
                    help="only the cells with this axis (or seed) value (repeatable)")  # fmt: skip
+    p.add_argument("--time", action="store_true",
+                   help="with --dry-run: time the step of every setting without a cached time "
+                        "(minutes); otherwise cached or recorded step times only (seconds)")  # fmt: skip
     p.add_argument("--timing-steps", type=int, default=2, help="timed steps per setting")
     p.add_argument("--gpu-tflops", type=float, default=15.0,
                    help="assumed GPU fp32 throughput for the GPU estimate")  # fmt: skip

@@ -1,27 +1,38 @@
-"""Print a Markdown table of finished dpsub runs, one row per run dir.
+"""Print a Markdown table of finished dpsub runs, one row per run, then one row per setting
+(mean ± std over its seeds).
 
     uv run python scripts/summarize_runs.py outputs/runs/2026-11-22/* [--out results/table.md]
+    uv run python scripts/summarize_runs.py outputs/multirun/2026-11-22/10-00-00   # a sweep
 
-Each run dir must hold the two files a finished run writes: summary.json (steps,
-noise multiplier, epsilon spent, delta, final test accuracy) and config.yaml (the
-resolved config: dataset, model, mechanism, epochs, batch size, learning rate).
-The table has the columns: run, dataset (train_size), model, mechanism, epochs,
-batch, lr, steps, z (noise multiplier), epsilon, delta, test acc (%). It is printed
-to stdout and, with --out, also written to that file. A run dir that is missing or
-lacks one of the two files is reported on one line on stderr (exit code 2).
+Each argument is a finished run dir or a folder holding them (the folder a Hydra sweep
+makes); a run dir holds summary.json (steps, noise multiplier, epsilon spent, delta, final
+test accuracy) and config.yaml (the resolved config). The first table has the columns: run,
+seed, dataset (train_size), model, mechanism, epochs, batch, lr, steps, z (noise multiplier),
+epsilon, delta, test acc (%). The second groups the runs that differ only in their seed
+(labelled by the config keys that vary between groups) and gives the number of seeds and
+the test accuracy's mean ± sample std [95% t-interval]. Printed to stdout and, with --out,
+also written to that file. A missing path, or one with no finished run, is reported on one
+line on stderr (exit code 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import dpsub  # noqa: F401
+except ImportError:  # a checkout without the package installed
+    sys.path.insert(0, str(ROOT / "src"))
+
+from dpsub import stats  # noqa: E402
+from dpsub.runs import RunDir, RunError, expand, group_by_setting  # noqa: E402
 
 COLUMNS = (
     "run",
+    "seed",
     "dataset",
     "model",
     "mechanism",
@@ -36,36 +47,14 @@ COLUMNS = (
 )
 
 
-class RunError(Exception):
-    """A run dir that cannot be summarized; the message names it."""
-
-
-def read_run(run: Path) -> tuple[dict, DictConfig]:
-    """summary.json and config.yaml of a finished run dir."""
-    if not run.is_dir():
-        raise RunError(f"{run}: {'not a directory' if run.exists() else 'no such run directory'}")
-    for name in ("summary.json", "config.yaml"):
-        if not (run / name).is_file():
-            raise RunError(f"{run}: no {name} in this directory (not a finished dpsub run?)")
-    try:
-        summary = json.loads((run / "summary.json").read_text())
-    except json.JSONDecodeError as e:
-        raise RunError(f"{run / 'summary.json'}: not valid JSON ({e.msg})") from None
-    try:
-        config = OmegaConf.load(run / "config.yaml")
-    except Exception as e:  # YAML syntax errors have several classes
-        problem = f"not a readable YAML file ({type(e).__name__})"
-        raise RunError(f"{run / 'config.yaml'}: {problem}") from None
-    return summary, config
-
-
-def row(run: Path) -> list[str]:
+def row(run: RunDir) -> list[str]:
     """The table row of a run dir."""
-    s, c = read_run(run)
+    s, c = run.summary(), run.config()
     try:
         eps, z = s["epsilon"], s["noise_multiplier"]
         return [
-            run.name,
+            run.path.name,
+            str(c.get("seed", "-")),
             c.dataset.name + (f" ({c.dataset.train_size})" if c.dataset.get("train_size") else ""),
             c.model.name,
             c.mechanism.name,
@@ -83,22 +72,34 @@ def row(run: Path) -> list[str]:
         raise RunError(f"{run}: summary.json or config.yaml lacks a key ({missing})") from None
 
 
-def table(rows: list[list[str]]) -> str:
+def table(rows: list[list[str]], columns=COLUMNS) -> str:
     """A Markdown table with a header row."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def over_seeds(runs: list[RunDir]) -> str:
+    """One row per setting: seeds, test accuracy mean ± std [95% interval], epsilon."""
+    rows = []
+    for label, group in group_by_setting(runs).items():
+        acc = stats.summarize([100 * r.summary()["test_accuracy"] for r in group])
+        seeds = ",".join(str(r.config().get("seed", "-")) for r in group)
+        eps = max(float(r.summary()["epsilon"]) for r in group)
+        rows.append([label, seeds, acc.text(), f"{eps:.3f}"])
+    return table(rows, ("setting", "seeds", "test acc (%): mean ± std [95% CI] (n)", "max epsilon"))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("runs", nargs="+", type=Path, help="finished run dirs")
+    ap.add_argument("runs", nargs="+", type=Path, help="finished run dirs or sweep folders")
     ap.add_argument("--out", type=Path, help="also write the table to this file")
     args = ap.parse_args()
     try:
-        text = table([row(r) for r in args.runs])
+        runs = expand(args.runs)
+        text = table([row(r) for r in runs]) + "\n" + over_seeds(runs)
     except RunError as e:
         print(f"summarize_runs: {e}", file=sys.stderr)
         return 2

@@ -454,3 +454,85 @@ def test_bad_settings_are_refused_with_the_key():
         build_run(compose_cfg(*SYNTH, "mechanism=rgp", "grads.backend=opacus"))
     with pytest.raises(ValueError, match="Conv2d and Linear"):
         LowRankReparam(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(4, 2)))
+
+
+# ------------------------------------------------- the authors' classification layer
+def authors_step_reference(net, x, y, carriers, clip, scale, B):
+    """RGP's step as the authors' code takes it, from per-example gradients of the original
+    model (one backward each): conv weights by their left carriers only, ``dL = dW R^T``;
+    the head's full gradient times ``scale``; all of one example clipped jointly to
+    ``clip``; the update ``(sum dL) R`` per conv, the head's scaled sum as is, / B."""
+    grads = loop_weight_grads(net, x, y)
+    rows = {}
+    for name, g in grads.items():
+        if name in carriers:
+            L, R = carriers[name]
+            rows[name] = g.reshape(g.shape[0], L.shape[0], -1) @ R.T  # (n, p, r)
+        else:
+            rows[name] = g * (scale if name == "fc.weight" else 1.0)
+    norms = torch.sqrt(sum(r.flatten(1).pow(2).sum(1) for r in rows.values()))
+    factor = (clip / norms).clamp(max=1.0)
+    out = {}
+    for name, r in rows.items():
+        s = (r * factor.view(-1, *[1] * (r.dim() - 1))).sum(0)
+        if name in carriers:
+            s = s @ carriers[name][1]
+        out[name] = (s / B).reshape(grads[name].shape[1:])
+    return out, norms
+
+
+def test_authors_head_step_equals_an_independent_step_float64():
+    """mechanism=rgp_authors (update=left, source=weights, head full-rank x 0.01) at zero
+    noise in float64: equal to the reference above; the clip binds for some examples."""
+    torch.manual_seed(0)
+    net = ConvNet().double()
+    x, y = data(n=6)
+    x = x.double()
+    # GroupNorm keeps the norms close: a clip between them binds for some examples only
+    cfg = compose_cfg(*SYNTH, "mechanism=rgp_authors", "mechanism.rank=2", "mechanism.clip=1.08")
+    opts = {k: v for k, v in cfg.mechanism.items() if k != "name"}
+    assert (opts["update"], opts["source"], opts["head"], opts["head_scale"]) == (
+        "left", "weights", "full", 0.01,
+    )  # fmt: skip
+    mech = mechanism("rgp", net, **opts)
+    res = mech.step(x, y, ctx(z=0.0, B=8.0))
+    assert set(mech.carriers) == {"c1.weight", "c2.weight"}  # the head has no carriers
+    want, norms = authors_step_reference(net, x, y, mech.carriers, 1.08, 0.01, 8.0)
+    assert (norms > 1.08).any() and (norms < 1.08).any()
+    got = mech.engine.layout.unflatten(res.grad)
+    for name, w in want.items():
+        torch.testing.assert_close(got[name], w, atol=1e-12, rtol=1e-10)
+    # the head's gradient is scaled inside the clip, not rescaled after it
+    plain, _ = authors_step_reference(net, x, y, mech.carriers, 1.08, 1.0, 8.0)
+    assert (got["fc.weight"] - plain["fc.weight"]).norm() > 1e-3 * plain["fc.weight"].norm()
+
+
+@pytest.mark.parametrize("backend", ["vmap", "ghost"])
+def test_full_rank_head_one_example_moves_the_release_by_at_most_C(backend):
+    torch.manual_seed(0)
+    net, (x, y) = ConvNet(), data(n=8)
+    x[0] *= 1e3
+    values = []
+    scale = 0.01 if backend == "vmap" else 1.0  # ghost: the unscaled full-rank head
+    for rows in (slice(0, 8), slice(1, 8)):
+        spy = SpyPrivatizer(SeededNoise(torch.Generator().manual_seed(0)))
+        mech = mechanism("rgp", net, rank=2, clip=0.5, backend=backend, head="full",
+                         head_scale=scale)  # fmt: skip
+        mech.step(x[rows], y[rows], ctx(z=1.0, noise=spy))
+        assert len(spy.seen) == 1 and spy.seen[0].sensitivity == 0.5
+        assert spy.records[0].std == pytest.approx(0.5)
+        values.append(spy.seen[0].value)
+    assert (values[0] - values[1]).norm() <= 0.5 * (1 + 1e-5)
+
+
+@pytest.mark.parametrize(
+    "opts, fragment",
+    [
+        ({"head_scale": 0.01}, "head=full"),
+        ({"head": "full", "head_scale": 0.01, "backend": "ghost"}, "grads.backend=vmap"),
+    ],
+)
+def test_head_scale_needs_a_full_head_and_vmap(opts, fragment):
+    backend = opts.pop("backend", "vmap")
+    with pytest.raises(ValueError, match=fragment):
+        mechanism("rgp", ConvNet(), rank=2, backend=backend, **opts)

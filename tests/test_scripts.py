@@ -20,10 +20,11 @@ mechanism: {name: MECH}
 privacy: {epsilon: 2.0, delta: 1.0e-05}
 train: {epochs: 10, batch_size: 256}
 optim: {lr: 0.5}
+seed: SEED
 """
 
 
-def make_run(parent: Path, name: str, mech: str = "dpsgd", acc: float = 0.5) -> Path:
+def make_run(parent: Path, name: str, mech: str = "dpsgd", acc: float = 0.5, seed: int = 0) -> Path:
     """A finished run dir: metrics.jsonl, summary.json and config.yaml."""
     run = parent / name
     run.mkdir(parents=True)
@@ -35,7 +36,7 @@ def make_run(parent: Path, name: str, mech: str = "dpsgd", acc: float = 0.5) -> 
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary = {"steps": 20, "noise_multiplier": 1.1, "epsilon": 1.9, "delta": 1e-5}
     (run / "summary.json").write_text(json.dumps({**summary, "test_accuracy": acc + 0.1}))
-    (run / "config.yaml").write_text(CONFIG.replace("MECH", mech))
+    (run / "config.yaml").write_text(CONFIG.replace("MECH", mech).replace("SEED", str(seed)))
     return run
 
 
@@ -106,13 +107,47 @@ def test_summarize_runs_table(tmp_path: Path) -> None:
     proc = run_script("summarize_runs.py", *runs, "--out", out, cwd=tmp_path / "elsewhere")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert lines[0].startswith("| run | dataset | model | mechanism |") and len(lines) == 4
+    assert lines[0].startswith("| run | seed | dataset | model | mechanism |")
     assert lines[2] == (
-        "| r1 | mnist (1000) | mnist_cnn | dpsgd | 10 | 256 | 0.5 | 20 | 1.100 | 1.900 "
+        "| r1 | 0 | mnist (1000) | mnist_cnn | dpsgd | 10 | 256 | 0.5 | 20 | 1.100 | 1.900 "
         "| 1e-05 | 60.00 |"
     )
     assert "| gep |" in lines[3] and lines[3].endswith("| 80.00 |")
     assert out.read_text() == proc.stdout.rstrip("\n") + "\n"
+
+
+def make_sweep(tmp_path: Path) -> Path:
+    """A Hydra sweep folder: two mechanisms x three seeds, numbered job dirs."""
+    sweep = tmp_path / "multirun" / "2026-11-24" / "01-00-00"
+    for i, (mech, seed) in enumerate((m, s) for m in ("dpsgd", "gep") for s in range(3)):
+        make_run(sweep, str(i), mech, acc=0.5 + 0.1 * (mech == "gep") + 0.01 * seed, seed=seed)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    return sweep
+
+
+def test_summarize_runs_takes_a_sweep_folder_and_averages_over_seeds(tmp_path: Path) -> None:
+    proc = run_script("summarize_runs.py", make_sweep(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    per_run, per_setting = proc.stdout.strip().split("\n\n")
+    assert len(per_run.splitlines()) == 2 + 6
+    rows = per_setting.splitlines()[2:]
+    assert len(rows) == 2  # one row per mechanism, over its three seeds
+    assert rows[0].startswith("| mechanism.name=dpsgd | 0,1,2 | 61.00 ± 1.00 [")
+    assert rows[0].endswith("] (3) | 1.900 |") and "mechanism.name=gep" in rows[1]
+
+
+def test_plot_runs_takes_a_sweep_folder_one_legend_entry_per_setting(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    sys.path.insert(0, str(SCRIPTS))
+    import plot_runs
+
+    runs = plot_runs.load([make_sweep(tmp_path)])
+    assert [name for name, _ in runs] == ["mechanism.name=dpsgd", "mechanism.name=gep"]
+    assert [len(seeds) for _, seeds in runs] == [3, 3]
+    proc = run_script("plot_runs.py", make_sweep(tmp_path / "again"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_summarize_runs_help_says_what_it_reads_and_prints(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsub import tables
+from dpsub import stats, tables
 from dpsub.config import validate
 from dpsub.errors import ConfigError
 
@@ -317,12 +317,25 @@ def test_make_table_renders_the_runs_beside_the_paper(tiny):
         ]
         for s in (0, 1)
     ]
-    mean, std, n = tables.seed_stats(accs)
+    s = stats.summarize(accs)
     row = next(line for line in text.splitlines() if line.startswith("| gep (paper's"))
-    assert f"| {mean:.2f} ± {std:.2f} (2) | 60 | {mean - 60:+.2f} |" in row
+    assert f"| {s.text()} | 60 | {s.mean - 60:+.2f} |" in row and f"[{s.lo:.2f}, {s.hi:.2f}]" in row
+    assert row.rstrip(" |").endswith(("significant)", "(n/a: < 2 seeds)")) or "(p=" in row
     assert "4 tuning runs" in text and "not** included" in text
     assert "commit:" in text and "hardware:" in text and "reproduce.py" in text
     assert "> **Note.** Runs made by the test." in text
+    # a re-render keeps the recorded provenance (commit, hardware, notes) instead of today's
+    rec = json.loads((dest / "provenance.json").read_text())
+    rec.update(commit="abc1234", hardware="the machine that made the runs")
+    (dest / "provenance.json").write_text(json.dumps(rec))
+    again = script("make_table", spec, "--setting", "tiny", "--runs", tmp / "runs", "--out", out,
+                   "--no-projection", cwd=tmp)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    text2 = (dest / "README.md").read_text()
+    assert "- commit: `abc1234`" in text2 and "the machine that made the runs" in text2
+    assert (
+        "> **Note.** Runs made by the test." in text2 and "re-rendered from the same runs" in text2
+    )
     assert (dest / "accuracy.png").read_bytes().startswith(b"\x89PNG")
     assert (dest / "projection.png").read_bytes().startswith(b"\x89PNG")  # gep: public data
     proj = json.loads(
@@ -334,6 +347,7 @@ def test_make_table_renders_the_runs_beside_the_paper(tiny):
         "config.yaml",
         "metrics.jsonl",
         "summary.json",
+        "train.log",
     ]
 
 
@@ -341,12 +355,28 @@ def test_make_table_renders_the_runs_beside_the_paper(tiny):
 def test_dry_run_prints_the_grid_and_its_cost_and_runs_nothing(tiny):
     tmp, spec, args, _ = tiny
     proc = script("reproduce", spec, "--setting", "tiny", "--out", tmp / "fresh", "--dry-run",
-                  "--timing-steps", "1", "--tune", "logger=disabled", cwd=tmp)  # fmt: skip
+                  "--time", "--timing-steps", "1", "--tune", "logger=disabled", cwd=tmp)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith(("| paper |", "| tune |"))]
     assert len(rows) == 4 + 4 and all("| todo |" in r for r in rows)
     assert "still to run" in proc.stdout and "estimate" in proc.stdout
     assert not (tmp / "fresh" / "tiny").exists()  # only the step-time cache was written
+
+
+def test_dry_run_without_time_measures_nothing_and_says_why_a_cost_is_missing(tmp_path):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY.replace("experiment: demo", "experiment: demo\n# mnist: no data here"))
+    proc = script("reproduce", spec, "--setting", "tiny", "--out", tmp_path / "out", "--dry-run",
+                  "dataset=mnist", "data.root=" + str(tmp_path / "nodata"), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "timing" not in out.lower().replace("--time", "")  # nothing was timed
+    assert f"runs go to {tmp_path / 'out' / 'tiny'}" in out and "make_table.py tiny" in out
+    rows = [line for line in out.splitlines() if line.startswith("| paper |")]
+    assert len(rows) == 4 and all(r.endswith("? [1] |") for r in rows)
+    reason = next(line for line in out.splitlines() if line.startswith("[1] "))
+    assert "mnist" in reason.lower() and "not found" in reason
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
@@ -380,3 +410,21 @@ def test_timing_key_ignores_what_does_not_change_a_steps_cost():
     assert len(keys) == 1
     other = reproduce.timing_key(compose_cfg(*cells[2], "mechanism.num_bases=250"))
     assert other not in keys
+
+
+def test_make_table_help_stops_after_the_help_and_the_default_setting_agrees():
+    """`make table ARGS=--help` prints reproduce.py's help and renders nothing (it used to fail
+    in make_table.py); `make table`, reproduce.py and make_table.py share one default setting."""
+
+    def make(*args):
+        proc = subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    helped = make("table", "ARGS=--help")
+    assert "scripts/reproduce.py gep1-mnist --setting paper --help" in helped
+    assert "make_table.py" not in helped and "make_table.py" not in make("table", "ARGS=--dry-run")
+    assert "scripts/make_table.py gep1-mnist --setting paper" in make("table")
+    assert "scripts/make_table.py gep1-mnist --setting cpu" in make("render", "SETTING=cpu")
+    for name in ("reproduce", "make_table"):
+        assert load_script(name).parse(["gep1-mnist"]).setting == "paper"

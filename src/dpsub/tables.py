@@ -35,6 +35,7 @@ from typing import Any
 
 from dpsub.errors import ConfigError
 from dpsub.paths import conf_dir
+from dpsub.runs import SUMMARY
 
 __all__ = [
     "Job",
@@ -52,7 +53,6 @@ TOP_KEYS = {
     "title", "source", "metric", "kind", "layout", "experiment", "axes", "seeds", "labels",
     "overrides", "paper", "settings", "tune", "notes",
 }  # fmt: skip
-SUMMARY = "summary.json"
 
 
 def tables_dir() -> Path:

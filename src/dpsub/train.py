@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpsub.errors import ConfigError, ResumeError, exit_code
 from dpsub.paths import conf_dir
+from dpsub.runs import CONFIG
 
 CONF_DIR = str(conf_dir())  # the wheel's dpsub/conf, or the repository's conf/
 MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -138,7 +139,7 @@ def resume(args: list[str]) -> float:
     from dpsub.training.checkpoint import CKPT_NAME, changed_keys
 
     run_dir = Path([a for a in args if a.startswith("resume=")][-1].split("=", 1)[1])
-    if not (run_dir / "config.yaml").is_file() or not (run_dir / CKPT_NAME).is_file():
+    if not (run_dir / CONFIG).is_file() or not (run_dir / CKPT_NAME).is_file():
         fail(ResumeError(
             f"resume: {run_dir} is not a dpsub run dir with a checkpoint "
             f"(needs config.yaml and {CKPT_NAME}); nothing was created"
@@ -147,7 +148,7 @@ def resume(args: list[str]) -> float:
     bad = [a for a in rest if a.startswith(("-", "+", "~")) or "=" not in a]
     if bad:
         fail(ResumeError(f"resume: only key=value overrides can go with resume=, got {bad}"))
-    saved = OmegaConf.load(run_dir / "config.yaml")
+    saved = OmegaConf.load(run_dir / CONFIG)
     try:
         cfg = apply_to_saved(saved, rest)  # GROUP=OPTION and KEY=VALUE; unknown keys refused
     except ConfigError as e:

@@ -132,17 +132,33 @@ class LowRankReparam:
         model: the network; its weights are read at every :meth:`target` call.
         train_right: differentiate ``R`` too (paper); ``False`` freezes it (the authors'
             code: only ``(dL) R`` is used).
+        full: weights left as they are (no carriers): their full per-example gradient is
+            a parameter of the target (the authors' classification layer).
+        scale: per weight of ``full``, a factor its per-example gradient is multiplied by
+            inside the target (the authors divide the classification layer's by 100 so
+            that it does not dominate the joint clip); the forward values are unchanged.
 
     Raises ValueError for a trainable tensor of two or more dimensions that is not the
     weight of an ``nn.Conv2d`` (groups=1) or ``nn.Linear``: it would need a full
     per-example gradient.
     """
 
-    def __init__(self, model: nn.Module, train_right: bool = True):
+    def __init__(
+        self,
+        model: nn.Module,
+        train_right: bool = True,
+        full: tuple[str, ...] = (),
+        scale: dict[str, float] | None = None,
+    ):
         self.model = model
         self.train_right = train_right
         self.layout = ParamLayout.of(model)
-        self.weights = self.layout.matrix_names()
+        self.weights = [n for n in self.layout.matrix_names() if n not in full]
+        self.scale = {n: float(s) for n, s in (scale or {}).items() if s != 1.0}
+        if set(self.scale) - set(full):
+            raise ValueError(
+                f"only a full-rank weight is scaled, not {sorted(set(self.scale) - set(full))}"
+            )
         modules = dict(model.named_modules())
         self._module_of: dict[str, str] = {}
         for name in self.weights:
@@ -176,6 +192,9 @@ class LowRankReparam:
         copy_ = self.copy
 
         def forward(params: dict[str, Tensor], x: Tensor) -> Tensor:
+            for name, s in self.scale.items():  # same value, gradient times s
+                p = params[name]
+                params = {**params, name: p.detach() + s * (p - p.detach())}
             return functional_call(copy_, {**params, **self._frozen}, (x,))
 
         return forward
@@ -217,6 +236,8 @@ class LowRankReparam:
     def ghost_target(self, carriers: Carriers) -> GradTarget:
         """:meth:`target` with a ``module`` for ghost clipping: the same function and
         parameters, every reparametrized layer a :class:`_CarrierLayer` of plain layers."""
+        if self.scale:
+            raise ValueError("a scaled full-rank weight needs grads.backend=vmap (not ghost)")
         target = self.target(carriers)
         if self._ghost is None:
             self._ghost = self._rebuilt(_CarrierLayer)

@@ -17,7 +17,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
+from dpsub.runs import METRICS, SUMMARY
+
+METRICS_FILE = METRICS
 #: How long :meth:`RunLogger.close` waits for W&B to write an offline run's file.
 OFFLINE_FLUSH_TIMEOUT_S = 120.0
 
@@ -102,7 +104,7 @@ class RunLogger:
             self.wandb_run.log(metrics, step=step)
 
     def summary(self, values: dict[str, Any]) -> None:
-        (self.run_dir / "summary.json").write_text(
+        (self.run_dir / SUMMARY).write_text(
             json.dumps({k: _jsonable(v) for k, v in values.items()}, indent=2) + "\n"
         )
         if self.wandb_run is not None:

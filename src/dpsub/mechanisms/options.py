@@ -181,6 +181,7 @@ class PDPSGDOptions(RPDPSGDOptions):
 # -------------------------------------------------- RGP, RGP-random, DP-PowerSGD
 RGP_UPDATES = ("full", "left")
 RGP_SOURCES = ("historical", "weights")
+RGP_HEADS = ("reparam", "full")
 
 
 @dataclass
@@ -193,6 +194,15 @@ class _CarrierOptions:
     carriers_every: int = opt(1, ge=1, help="recompute the carriers every N steps (paper: 1)")
     diagnostics_every: int = opt(
         50, ge=0, help="steps between projection-residual logs (privacy.private_diagnostics only)"
+    )
+    head: str = opt(
+        "reparam",
+        choices=RGP_HEADS,
+        help="classification layer: reparam (carriers, as every layer) or full (its full "
+        "per-example gradient, times head_scale, clipped jointly with the carriers: authors' code)",
+    )
+    head_scale: float = opt(
+        1.0, gt=0, help="with head=full: factor on the head's per-example gradient (authors: 0.01)"
     )
 
 
@@ -221,7 +231,9 @@ class DPPowerSGDOptions:
 
     clip: float = opt(1.0, gt=0, help="C: per-example gradient norm bound")
     rank: int = opt(16, ge=1, help="r per weight matrix, capped at min(out, in*kh*kw)")
-    error_feedback: bool = opt(False, help="add the last compression error before compressing")
+    error_feedback: bool = opt(
+        True, help="add the last compression error before compressing (PowerSGD; false: plain)"
+    )
 
 
 # ------------------------------------------------------------- DP-Hero

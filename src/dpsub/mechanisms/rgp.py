@@ -22,6 +22,9 @@ Each step (Algorithm 1; ``METHODS.md``, "RGP, RGP-random, DP-PowerSGD"):
 ``update=left`` is the authors' code: the right carrier is frozen (no gradient, no
 noise) and the update is ``(dL) R``. ``source=weights`` decomposes ``W_t`` at every
 step, which is what the code does by default (its warm-up snapshot is off).
+``head=full`` leaves the classification layer (the last ``nn.Linear``) un-reparametrized:
+its full per-example gradient, times ``head_scale`` (the code's 1/100), joins the joint
+clip, and its noisy sum is its gradient. ``mechanism=rgp_authors`` sets all three.
 
 Privacy schedule: a single phase. The paper's warm-up is the same release (carriers
 from ``W_t`` instead of ``W_t - W_0``), so it is charged like every other step.
@@ -31,11 +34,19 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from dpsub.grads.lowrank import Carriers, LowRankReparam
 from dpsub.mechanisms.base import Mechanism, StepContext, StepResult, register
 from dpsub.subspace.lowrank import carrier_projection, power_carriers, random_carriers
+
+
+def classifier_weight(model) -> str:
+    """The weight of the model's last ``nn.Linear``: its classification layer."""
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not names:
+        raise ValueError("mechanism.head=full: the model has no nn.Linear classification layer")
+    return f"{names[-1]}.weight" if names[-1] else "weight"
 
 
 class _CarrierMechanism(Mechanism):
@@ -53,7 +64,18 @@ class _CarrierMechanism(Mechanism):
                 f"mechanism={self.name} differentiates gradient carriers, which "
                 "grads.backend=opacus cannot; use grads.backend=vmap"
             )
-        self.reparam = LowRankReparam(engine.model, train_right=self.opts.update == "full")
+        o = self.opts
+        head = () if o.head == "reparam" else (classifier_weight(engine.model),)
+        if o.head_scale != 1.0 and not head:
+            raise ValueError(
+                f"mechanism.head_scale={o.head_scale} applies with mechanism.head=full only"
+            )
+        if o.head_scale != 1.0 and engine.backend == "ghost":
+            raise ValueError("mechanism.head_scale != 1 needs grads.backend=vmap (not ghost)")
+        self.reparam = LowRankReparam(
+            engine.model, train_right=o.update == "full", full=head,
+            scale={n: o.head_scale for n in head},
+        )  # fmt: skip
 
     @abstractmethod
     def fit_carriers(self, ctx: StepContext) -> Carriers:

@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpsub.errors import ResumeError
+from dpsub.runs import CHECKPOINT
 
 if TYPE_CHECKING:  # torch and the accountant are imported where used: resume checks stay light
     import torch
 
     from dpsub.privacy import PrivacyLedger
 
-CKPT_NAME = "checkpoint.pt"
+CKPT_NAME = CHECKPOINT
 LEDGER_NAME = "ledger.json"
 
 #: Config keys a resume may change: they cannot change what a step releases or how it is

@@ -35,6 +35,7 @@ from dpsub.errors import ConfigError, ResumeError
 from dpsub.logging import RunLogger
 from dpsub.models import count_parameters
 from dpsub.privacy import epsilon_for
+from dpsub.runs import CONFIG, LOG
 from dpsub.training.checkpoint import (
     LEDGER_NAME,
     check_resume,
@@ -293,8 +294,8 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
     if dist.main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resume:
-            OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-        detach_log = attach_run_log(run_dir / "train.log")
+            OmegaConf.save(cfg, run_dir / CONFIG, resolve=True)
+        detach_log = attach_run_log(run_dir / LOG)
     for line in notes:  # after attaching: train.log marks where a resumed run continues
         (log.warning if line.startswith("secure") else log.info)(line)
     try:

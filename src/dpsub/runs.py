@@ -1,0 +1,284 @@
+"""A run directory: the names of the files a run writes, reading a finished run, provenance.
+
+Every run dir holds (written by the trainer)::
+
+    config.yaml     the resolved config          summary.json   the final numbers
+    metrics.jsonl   one JSON record per log      train.log      the log
+    checkpoint.pt   model + optimizer + ledgers  (never committed)
+
+and, written later by the tools, ``validation.json`` (held-out accuracy), ``mia.json`` and
+``public_projection.json``. ``SMALL_FILES`` are the ones a results folder keeps (no
+checkpoints). ``RunDir(path)`` reads them; ``find_runs(root)`` lists the finished runs
+under a folder (a Hydra sweep folder included); ``provenance()`` is the commit, date and
+hardware a results file records (one helper for bench, make_table and reproduce).
+
+Torch-free (the scripts import it before deciding whether they need torch).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "CHECKPOINT",
+    "CONFIG",
+    "LOG",
+    "METRICS",
+    "SMALL_FILES",
+    "SUMMARY",
+    "RunDir",
+    "RunError",
+    "cpu_name",
+    "expand",
+    "find_runs",
+    "group_by_setting",
+    "git_commit",
+    "hardware",
+    "provenance",
+]
+
+CONFIG = "config.yaml"
+SUMMARY = "summary.json"
+METRICS = "metrics.jsonl"
+LOG = "train.log"
+CHECKPOINT = "checkpoint.pt"
+#: What a results folder keeps of a run (never the checkpoint).
+SMALL_FILES = (
+    CONFIG, SUMMARY, METRICS, LOG,
+    "validation.json", "mia.json", "public_projection.json",
+)  # fmt: skip
+
+_ROOT = Path(__file__).resolve().parents[2]  # the checkout (for git)
+
+
+class RunError(Exception):
+    """A run dir that cannot be read; the message names the dir or file (one line)."""
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """One run directory (need not exist yet)."""
+
+    path: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", Path(self.path))
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG
+
+    @property
+    def summary_path(self) -> Path:
+        return self.path / SUMMARY
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / METRICS
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.path / CHECKPOINT
+
+    @property
+    def finished(self) -> bool:
+        return self.summary_path.is_file()
+
+    @property
+    def has_checkpoint(self) -> bool:
+        return self.checkpoint_path.is_file()
+
+    # ------------------------------------------------------------- reading
+    def require(self, *names: str) -> None:
+        """RunError naming the first missing file (or the dir)."""
+        if not self.path.is_dir():
+            what = "not a directory" if self.path.exists() else "no such run directory"
+            raise RunError(f"{self.path}: {what}")
+        for name in names:
+            if not (self.path / name).is_file():
+                raise RunError(
+                    f"{self.path}: no {name} in this directory (not a finished dpsub run?)"
+                )
+
+    def summary(self) -> dict:
+        self.require(SUMMARY)
+        try:
+            return json.loads(self.summary_path.read_text())
+        except json.JSONDecodeError as e:
+            raise RunError(f"{self.summary_path}: not valid JSON ({e.msg})") from None
+
+    def config(self):
+        """The saved config (an OmegaConf DictConfig)."""
+        from omegaconf import OmegaConf
+
+        self.require(CONFIG)
+        try:
+            return OmegaConf.load(self.config_path)
+        except Exception as e:  # noqa: BLE001 -- YAML syntax errors have several classes
+            raise RunError(
+                f"{self.config_path}: not a readable YAML file ({type(e).__name__})"
+            ) from None
+
+    def config_dict(self) -> dict:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(self.config())
+
+    def metrics(self) -> list[dict]:
+        """The records of metrics.jsonl."""
+        self.require(METRICS)
+        rows = []
+        for num, line in enumerate(self.metrics_path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise RunError(
+                        f"{self.metrics_path}:{num}: not a JSON line ({e.msg})"
+                    ) from None
+        return rows
+
+    def json(self, name: str) -> dict | None:
+        """An extra JSON file of the run (validation.json, mia.json...), None if absent."""
+        p = self.path / name
+        return json.loads(p.read_text()) if p.is_file() else None
+
+    def train_seconds(self) -> float:
+        """Training wall-clock from metrics.jsonl's steps_per_s (0 without it)."""
+        total, last = 0.0, 0
+        for row in self.metrics():
+            if row.get("steps_per_s"):
+                total += (row["step"] - last) / row["steps_per_s"]
+                last = row["step"]
+        return total
+
+    # ------------------------------------------------------------- copying
+    def copy_small_files(self, dest: Path | RunDir) -> RunDir:
+        """Copy the small files (never the checkpoint) to ``dest``; returns it."""
+        dest = dest if isinstance(dest, RunDir) else RunDir(dest)
+        if dest.path.resolve() != self.path.resolve():
+            dest.path.mkdir(parents=True, exist_ok=True)
+            for name in SMALL_FILES:
+                if (self.path / name).is_file():
+                    shutil.copyfile(self.path / name, dest.path / name)
+        return dest
+
+
+def find_runs(root: Path, follow_links: bool = True, marker: str = SUMMARY) -> list[RunDir]:
+    """Every finished run (a dir with summary.json and config.yaml) at or under ``root``:
+    a run dir, a Hydra sweep folder (``multirun/<date>/<time>/<job>``) or any tree of them.
+    ``follow_links=False`` skips runs reached through a symlink (reproduce's reused runs);
+    ``marker=METRICS`` finds runs still in progress too (config.yaml not required)."""
+    root = Path(root)
+    if (root / marker).is_file():
+        return [RunDir(root)]
+    out = []
+    for s in sorted(root.rglob(marker)):
+        d = s.parent
+        if marker == SUMMARY and not (d / CONFIG).is_file():
+            continue
+        if not follow_links and any(p.is_symlink() for p in [d, *d.parents]):
+            continue
+        out.append(RunDir(d))
+    return out
+
+
+def expand(paths: list[Path], marker: str = SUMMARY) -> list[RunDir]:
+    """The finished runs named by ``paths``: run dirs, or folders holding runs (a Hydra sweep
+    folder). RunError, naming the path, for one that is missing or holds no finished run.
+    ``marker=METRICS``: runs with a metrics.jsonl (running ones too)."""
+    out: list[RunDir] = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise RunError(f"{p}: {'not a directory' if p.exists() else 'no such run directory'}")
+        found = find_runs(p, marker=marker)
+        if not found:
+            needed = (SUMMARY, CONFIG) if marker == SUMMARY else (marker,)
+            RunDir(p).require(*needed)  # names the missing file of a single run dir
+            raise RunError(f"{p}: no run ({' + '.join(needed)}) in or under it")
+        out += [r for r in found if r not in out]
+    return out
+
+
+#: Config keys that do not make two runs different settings (seed: the groups are over seeds).
+NOT_A_SETTING = ("seed", "out_dir", "run_name", "data.", "logger.", "hydra.", "resume", "device")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def group_by_setting(runs: list[RunDir]) -> dict[str, list[RunDir]]:
+    """Runs that differ only in their seed (and where they are) share a group; each group is
+    labelled by the config keys that vary between groups (``mechanism.name=gep, optim.lr=0.1``)."""
+    keys = []
+    for r in runs:
+        flat = _flat(r.config_dict()) if r.config_path.is_file() else {"run": str(r.path)}
+        keys.append({k: v for k, v in flat.items() if not k.startswith(NOT_A_SETTING)})
+    varying = sorted({k for a in keys for k in a if any(a.get(k) != b.get(k) for b in keys)})
+    groups: dict[str, list[RunDir]] = {}
+    for r, k in zip(runs, keys, strict=True):
+        label = ", ".join(f"{name}={k.get(name)}" for name in varying) or "all runs"
+        groups.setdefault(label, []).append(r)
+    return groups
+
+
+# ----------------------------------------------------------- provenance
+def git_commit(root: Path | None = None) -> str | None:
+    """The checkout's short commit (``-dirty`` with uncommitted tracked changes), or None."""
+
+    def git(*a):
+        return subprocess.run(
+            ["git", *a], cwd=root or _ROOT, capture_output=True, text=True, timeout=10
+        )
+
+    try:
+        rev, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "-uno")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if rev.returncode != 0 or not rev.stdout.strip():
+        return None
+    return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware() -> str:
+    """CPU, cores, GPU and torch version in one line."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return f"{cpu_name()}, {os.cpu_count()} cores; GPU: {gpu}; torch {torch.__version__}"
+
+
+def provenance() -> dict:
+    """What a results file records about where and when it was made."""
+    return {
+        "commit": git_commit() or "unknown",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
+        "hardware": hardware(),
+    }

@@ -1,0 +1,88 @@
+"""Statistics every results table uses: mean ± std, a 95% t-interval, a Welch test.
+
+A cell of a results table is the metric over seeds. ``summarize(values)`` gives its mean,
+sample std and the 95% Student-t interval of the mean; ``compare(a, b)`` is the two-sided
+Welch t-test of two cells (unequal variances) and the mark a table prints beside the
+second: ``>``/``<`` when the difference is significant at ``ALPHA`` (0.05), ``≈`` (a tie)
+when it is not, ``n/a`` with fewer than two seeds on either side (no test possible).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+__all__ = ["ALPHA", "Comparison", "Summary", "compare", "summarize"]
+
+ALPHA = 0.05
+LEVEL = 0.95
+TIE = "≈"
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    mean: float
+    std: float  # sample std (0 for one value)
+    lo: float  # 95% t-interval of the mean (nan for fewer than two values)
+    hi: float
+
+    def text(self, digits: int = 2) -> str:
+        """``mean ± std [lo, hi] (n)``; the mean and ``(1)`` for one seed; ``–`` for none."""
+        if self.n == 0:
+            return "–"
+        if self.n == 1:
+            return f"{self.mean:.{digits}f} (1)"
+        f = f".{digits}f"
+        return f"{self.mean:{f}} ± {self.std:{f}} [{self.lo:{f}}, {self.hi:{f}}] ({self.n})"
+
+
+def summarize(values: list[float], level: float = LEVEL) -> Summary:
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    n = len(vals)
+    if n == 0:
+        return Summary(0, math.nan, math.nan, math.nan, math.nan)
+    mean = statistics.fmean(vals)
+    if n == 1:
+        return Summary(1, mean, 0.0, math.nan, math.nan)
+    from scipy import stats
+
+    std = statistics.stdev(vals)
+    half = stats.t.ppf(0.5 + level / 2, n - 1) * std / math.sqrt(n)
+    return Summary(n, mean, std, mean - half, mean + half)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    diff: float  # mean(b) - mean(a)
+    p: float  # two-sided Welch p-value (nan when no test is possible)
+    mark: str  # ">" b significantly above a, "<" below, "≈" no significant difference, "n/a"
+
+    @property
+    def significant(self) -> bool:
+        return self.mark in (">", "<")
+
+    def text(self) -> str:
+        if self.mark == "n/a":
+            return f"{self.diff:+.2f} (n/a: < 2 seeds)"
+        if self.significant:
+            return f"{self.diff:+.2f} {self.mark} (p={self.p:.2g})"
+        return f"{self.diff:+.2f} {TIE} (p={self.p:.2g}, not significant)"
+
+
+def compare(a: list[float], b: list[float], alpha: float = ALPHA) -> Comparison:
+    """Two-sided Welch t-test of ``b`` against ``a``."""
+    sa, sb = summarize(a), summarize(b)
+    diff = sb.mean - sa.mean
+    if sa.n < 2 or sb.n < 2:
+        return Comparison(diff, math.nan, "n/a")
+    if sa.std == 0 and sb.std == 0:  # identical repeats: the t statistic is undefined
+        p = 1.0 if diff == 0 else 0.0
+    else:
+        from scipy import stats
+
+        p = float(stats.ttest_ind(b, a, equal_var=False).pvalue)
+    if p < alpha:
+        return Comparison(diff, p, ">" if diff > 0 else "<")
+    return Comparison(diff, p, TIE)

@@ -1,0 +1,75 @@
+"""dpsub.stats and the marks make_table prints: a known difference is significant, none is a tie."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from dpsub import stats
+
+
+def seeds(mean: float, n: int = 5, spread: float = 0.3, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    return [mean + rng.gauss(0, spread) for _ in range(n)]
+
+
+def test_a_known_difference_is_marked_significant_in_its_direction():
+    gp = seeds(90.0, seed=1)
+    assert stats.compare(gp, seeds(95.0, seed=2)).mark == ">"
+    assert stats.compare(gp, seeds(85.0, seed=3)).mark == "<"
+    assert stats.compare(gp, seeds(95.0, seed=2)).p < 1e-4
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_no_difference_is_a_tie(seed):
+    # same distribution; three seeds each: the marks a table of three seeds would print
+    c = stats.compare(seeds(90.0, n=3, seed=seed), seeds(90.0, n=3, seed=seed + 100))
+    assert c.mark == stats.TIE and not c.significant, c
+    assert "not significant" in c.text()
+
+
+def test_welch_p_value_is_scipys_and_the_interval_is_the_t_interval():
+    a, b = [90.1, 91.3, 89.8], [92.0, 93.1, 92.6]
+    from scipy import stats as st
+
+    assert stats.compare(a, b).p == pytest.approx(st.ttest_ind(b, a, equal_var=False).pvalue)
+    s = stats.summarize(b)
+    half = st.t.ppf(0.975, 2) * s.std / math.sqrt(3)
+    assert (s.lo, s.hi) == pytest.approx((s.mean - half, s.mean + half))
+    assert s.text() == f"92.57 ± 0.55 [{s.lo:.2f}, {s.hi:.2f}] (3)"
+
+
+def test_one_seed_is_no_test_and_no_interval():
+    assert stats.compare([90.0], [95.0, 96.0]).mark == "n/a"
+    assert stats.summarize([90.0]).text() == "90.00 (1)"
+    assert stats.summarize([]).text() == "–"
+    assert stats.compare([1.0, 1.0], [1.0, 1.0]).mark == stats.TIE  # identical repeats
+
+
+def test_make_table_marks_cells_against_gp(monkeypatch):
+    """The rendered cells carry the interval and the mark beside every non-GP mechanism."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import make_table
+
+    class T:  # the bits of a Table cell_text reads
+        metric = "test_accuracy"
+
+        @staticmethod
+        def paper_cell(cell):
+            return {"value": 95.0}
+
+    vals = {"dpsgd": seeds(90, n=3, seed=7), "gep": seeds(96, n=3, seed=8)}
+    vals["bgep"] = seeds(90, n=3, seed=9)
+    monkeypatch.setattr(make_table, "cell_values", lambda t, f, v, cell: vals[cell["mechanism"]])
+    gep = make_table.cell_text(T, {}, "paper", {"mechanism": "gep", "epsilon": 2})
+    bgep = make_table.cell_text(T, {}, "paper", {"mechanism": "bgep", "epsilon": 2})
+    gp = make_table.cell_text(T, {}, "paper", {"mechanism": "dpsgd", "epsilon": 2})
+    assert "[" in gep[0] and gep[0].endswith("(3)")
+    assert " > (p=" in gep[3]
+    assert f" {stats.TIE} (p=" in bgep[3] and "not significant" in bgep[3]
+    assert gp[3] == "–"
