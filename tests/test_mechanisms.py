@@ -264,8 +264,8 @@ def gep_pair(**opts):
 
 
 def fixed_basis(mech, basis):
-    mech.basis, mech._basis_step = basis, 0
-    mech.opts.subspace_every = 10**9
+    mech.basis = basis
+    mech.refit.every, mech.refit.last = 10**9, 0  # never refitted
 
 
 def test_gep_without_clipping_and_noise_is_the_exact_mean():

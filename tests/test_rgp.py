@@ -17,7 +17,7 @@ from torch import nn
 
 from dpsub.errors import ConfigError
 from dpsub.grads import GradEngine
-from dpsub.grads.lowrank import LowRankReparam
+from dpsub.subspace.reparam import LowRankReparam
 from dpsub.mechanisms import StepContext, build_mechanism
 from dpsub.models import build_model
 from dpsub.privacy import Privatizer, SeededNoise

@@ -51,7 +51,7 @@ class GradTarget:
     ``module``, if given, is the same function as an ``nn.Module`` whose trainable
     parameters are ``params`` under the names ``module_names`` maps to theirs (made of
     plain Conv2d / Linear / norm layers): ``grads.backend=ghost`` clips it by ghost
-    clipping instead of ``vmap`` (RGP's carriers, :mod:`dpsub.grads.lowrank`).
+    clipping instead of ``vmap`` (RGP's carriers, :mod:`dpsub.subspace.reparam`).
     """
 
     params: dict[str, Tensor]

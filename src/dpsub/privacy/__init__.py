@@ -17,6 +17,7 @@ from dpsub.privacy.noise import (
     SeededNoise,
     Sensitive,
     effective_multiplier,
+    noise_std,
 )
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "effective_multiplier",
     "epsilon_for",
     "fixed_plan",
+    "noise_std",
 ]
