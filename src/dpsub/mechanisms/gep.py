@@ -96,7 +96,7 @@ class GEP(Mechanism):
         labels = self.aux.batch_labels(generator)
         low = self.opts.anchor_precision == "bf16"
         autocast = torch.autocast(self.aux.x.device.type, torch.bfloat16) if low else nullcontext()
-        if self.engine.dist is not None and self.engine.dist.active:  # split across ranks
+        if self.engine.distributed:  # split across ranks
             with autocast:
                 yield self.engine.public_gradients(self.aux.x, labels)
             return

@@ -31,18 +31,18 @@ import torch
 from torch import Tensor
 
 from dpsub.mechanisms.base import Mechanism, Refit, StepContext, StepResult, register
-from dpsub.subspace import orthonormal_random_basis, power_iteration, top_eigvecs_from_gram
+from dpsub.subspace import (
+    GroupedBasis,
+    orthonormal_random_basis,
+    power_iteration,
+    top_eigvecs_from_gram,
+)
 
 
-def project(basis: Tensor, v: Tensor) -> Tensor:
-    """``V^T V v`` for a (k, p) basis with orthonormal rows and a (p,) vector."""
-    return basis.T @ (basis @ v)
-
-
-def residual_fraction(basis: Tensor, v: Tensor) -> float:
+def residual_fraction(basis: GroupedBasis, v: Tensor) -> float:
     """``||v - V^T V v|| / ||v||`` (0 for a zero vector)."""
     norm = float(v.norm())
-    return float((v - project(basis, v)).norm()) / norm if norm > 0 else 0.0
+    return float((v - basis.project(v)).norm()) / norm if norm > 0 else 0.0
 
 
 @register("rpdpsgd")
@@ -88,8 +88,9 @@ class RPDPSGD(Mechanism):
         metrics = {"noise_std": std, "projected": 0.0}
         if ctx.step < o.start_step:
             return StepResult(noisy / ctx.expected_batch_size, clipped.stats, metrics)
-        basis, fit_metrics = self.current_basis(ctx)
-        update = project(basis, noisy)  # post-processing of the release
+        V, fit_metrics = self.current_basis(ctx)
+        basis = GroupedBasis.single(V)  # one group: the whole flat vector
+        update = basis.project(noisy)  # post-processing of the release
         metrics.update(fit_metrics, projected=1.0)
         metrics["kept_norm_fraction"] = float(update.norm() / noisy.norm().clamp_min(1e-30))
         private = {}

@@ -33,9 +33,9 @@ from abc import abstractmethod
 
 from torch import Tensor
 
-from dpsub.subspace.reparam import Carriers, LowRankReparam
 from dpsub.mechanisms.base import Mechanism, Refit, StepContext, StepResult, register
 from dpsub.subspace.lowrank import carrier_projection, power_carriers, random_carriers
+from dpsub.subspace.reparam import Carriers, LowRankReparam
 
 
 class _CarrierMechanism(Mechanism):
@@ -48,7 +48,7 @@ class _CarrierMechanism(Mechanism):
 
     def setup(self, engine, aux=None) -> None:
         super().setup(engine, aux)
-        if engine.backend == "opacus":
+        if not engine.strategy.any_target:
             raise ValueError(
                 f"mechanism={self.name} differentiates gradient carriers, which "
                 "grads.backend=opacus cannot; use grads.backend=vmap"
@@ -68,7 +68,7 @@ class _CarrierMechanism(Mechanism):
 
     def step(self, x, y, ctx: StepContext) -> StepResult:
         carriers = self.current_carriers(ctx)
-        ghost = self.engine.backend == "ghost"  # ghost clipping of the carriers, else vmap
+        ghost = self.engine.strategy.module_targets  # ghost clipping of the carriers
         target = (self.reparam.ghost_target if ghost else self.reparam.target)(carriers)
         clipped = self.engine.clipped_sum(x, y, self.opts.clip, target=target)
         std = ctx.noise.std(ctx.z, self.opts.clip)

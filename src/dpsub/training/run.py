@@ -173,10 +173,8 @@ def build_run(cfg: DictConfig, data: DatasetBundle | None = None, dist: Dist = S
     microbatch = cfg.grads.microbatch
     if microbatch == "auto":
         microbatch = auto_microbatch(count_parameters(model), cfg.train.batch_size, device)
-    engine = GradEngine(
-        model, microbatch, cfg.grads.backend, compile=cfg.grads.get("compile", False)
-    )
-    engine.dist = dist if dist.active else None
+    compile_ = cfg.grads.get("compile", False)
+    engine = GradEngine(model, microbatch, cfg.grads.backend, compile=compile_, dist=dist)
     mechanism = _mechanism(cfg)
     if mechanism.private:
         check_private_model(model)
