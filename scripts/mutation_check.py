@@ -73,7 +73,7 @@ MUTANTS = (
     ),
     Mutant(
         "trainer-trusts-the-mechanism",
-        "src/dpsub/training/run.py",
+        "src/dpsub/privacy/account.py",
         "        if not z_rec >= z * (1 - REL_TOL):",
         "        if False:",
         ("tests/test_run.py", "-k", "less_noise"),

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from dpsub.choices import BACKENDS
 from dpsub.grads.clip import ClippedAccumulator, ClipStats
 from dpsub.grads.layout import ParamLayout
 from dpsub.privacy.noise import Sensitive
@@ -253,7 +254,7 @@ def _finished(acc: ClippedAccumulator, stats: BatchStats, clip, target, device) 
 BACKEND_CLASSES: dict[str, type[VmapBackend]] = {
     b.name: b for b in (VmapBackend, OpacusBackend, GhostBackend)
 }
-BACKENDS = tuple(BACKEND_CLASSES)  # mirrored in dpsub.config (torch-free)
+assert tuple(BACKEND_CLASSES) == BACKENDS, "dpsub.choices.BACKENDS names every strategy"
 
 
 class GradEngine:

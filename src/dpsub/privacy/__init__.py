@@ -1,5 +1,7 @@
-"""Privacy: noise records (the privatizer), calibration, the privacy plan and the ledger."""
+"""Privacy: noise records (the privatizer), sampling, calibration, the plan, the ledger and
+the account that holds them for a run (:class:`~dpsub.privacy.account.PrivacyAccount`)."""
 
+from dpsub.privacy.account import PrivacyAccount  # noqa: E402  (after its parts)
 from dpsub.privacy.accountant import (
     ACCOUNTANTS,
     PrivacyLedger,
@@ -21,6 +23,7 @@ from dpsub.privacy.noise import (
 )
 
 __all__ = [
+    "PrivacyAccount",
     "ACCOUNTANTS",
     "NoiseBlock",
     "NoiseRecord",

@@ -117,15 +117,7 @@ def epsilons(run: Run, exact: bool) -> dict[str, float]:
 
     ``exact``: with the configured accountant (PRV is slow: evaluations only); else RDP.
     """
-    if run.ledger is None:
-        return {"epsilon": math.inf}
-    acc = run.cfg.privacy.accountant
-    key = "epsilon" if exact or acc == "rdp" else "epsilon_rdp"
-    which = None if exact else "rdp"
-    out = {key: run.ledger.epsilon(which)}
-    if run.nominal is not None:
-        out[key.replace("epsilon", "epsilon_nominal")] = run.nominal.epsilon(which)
-    return out
+    return run.account.epsilons(exact)
 
 
 # ------------------------------------------------------------------ metrics
@@ -330,7 +322,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
             "privacy.private_diagnostics=true: the logs hold unprivatized statistics of "
             "the private data; this run's outputs are NOT covered by its epsilon"
         )
-    if run.mechanism.accounting == "nominal":
+    if not run.account.covered_by_epsilon:
         log.warning(
             "mechanism.accounting=nominal: the budget is enforced on the paper's nominal "
             "epsilon, which is NOT a privacy guarantee; the honest epsilon is logged beside it"
@@ -442,7 +434,7 @@ def _finish(
         f"{run.data.eval_split}_accuracy": acc,
         f"{run.data.eval_split}_loss": loss,
         "stopped_by_budget": stopped_by_budget,
-        "covered_by_epsilon": not (private or mia) and run.mechanism.accounting != "nominal",
+        "covered_by_epsilon": not (private or mia) and run.account.covered_by_epsilon,
         **mia,
     }
     logger.summary(summary)
