@@ -32,6 +32,9 @@ LAYERS = {
     "training": 7,
     "tables": 8,
     "train": 8,  # the command line
+    "overrides": 1,  # command-line overrides checked against conf/ (torch-free)
+    "commands": 8,  # console commands that run the scripts
+    "audit": 9,  # privacy audits of the real training step (uses training and the CLI)
 }
 
 

@@ -24,8 +24,14 @@ from dpsub.errors import ConfigError
 __all__ = ["ConfigError", "check_against_data", "check_environment", "compose", "validate"]
 
 
-def compose(overrides: Sequence[str] = (), *, return_hydra_config: bool = False) -> DictConfig:
-    """``conf/config.yaml`` composed with Hydra ``overrides``, as the command line composes it.
+def compose(
+    overrides: Sequence[str] = (),
+    *,
+    config_name: str = "config",
+    return_hydra_config: bool = False,
+) -> DictConfig:
+    """``conf/<config_name>.yaml`` (``config``: training, ``dpsub_audit``: audits) composed
+    with Hydra ``overrides``, as the command line composes it.
 
     The one place scripts and tests compose a config (not validated: see :func:`validate`).
     """
@@ -36,7 +42,9 @@ def compose(overrides: Sequence[str] = (), *, return_hydra_config: bool = False)
 
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         return hydra_compose(
-            config_name="config", overrides=list(overrides), return_hydra_config=return_hydra_config
+            config_name=config_name,
+            overrides=list(overrides),
+            return_hydra_config=return_hydra_config,
         )
 
 

@@ -104,6 +104,11 @@ class PrivacyAccount:
         return self.plan is not None
 
     @property
+    def charges_plan(self) -> bool:
+        """A step is charged the plan's multiplier (planned policy), not its records'."""
+        return self.policy == "planned"
+
+    @property
     def covered_by_epsilon(self) -> bool:
         """False when the budget is enforced on the nominal epsilon (no guarantee)."""
         return self.policy != "nominal"
@@ -120,7 +125,7 @@ class PrivacyAccount:
     # ------------------------------------------------------------------ steps
     def admit(self, step: int) -> bool:
         """Whether ``step`` may run: with the planned policy, the budget affords its z."""
-        if not self.private or self.policy != "planned":
+        if not self.private or not self.charges_plan:
             return True
         return self.ledger.can_step(self.multiplier(step), self.q)
 
@@ -141,7 +146,7 @@ class PrivacyAccount:
                 f"{who}: released a gradient without drawing noise through ctx.noise"
             )
         z_rec = effective_multiplier(records)
-        if self.policy == "planned":
+        if self.charges_plan:
             charged = self._planned(z, z_rec, who)
         else:
             if not z_rec > 0:

@@ -192,11 +192,9 @@ def _budget_below_one_step(run: Run, z: float) -> ConfigError:
 
 def _check_first_step(run: Run) -> None:
     """Planned accounting: a budget below the first step is known before anything is written."""
-    if run.step or run.plan is None or run.mechanism.accounting != "planned":
+    if run.step or run.account.admit(0):  # (admit: True unless planned and unaffordable)
         return
-    z = run.plan.multiplier_at(0)
-    if not run.ledger.can_step(z, run.q):
-        raise _budget_below_one_step(run, z)
+    raise _budget_below_one_step(run, run.account.multiplier(0))
 
 
 def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> list[str]:
