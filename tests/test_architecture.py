@@ -30,7 +30,7 @@ LAYERS = {
     "config": 6,  # validates the declarations of mechanisms, data and models
     "eval": 6,  # evaluations of a trained model (not of the training loop)
     "training": 7,
-    "tables": 8,
+    "tables": 7,  # study tables (dpsub-reproduce, sweeps)
     "train": 8,  # the command line
     "overrides": 1,  # command-line overrides checked against conf/ (torch-free)
     "commands": 8,  # console commands that run the scripts
@@ -38,9 +38,17 @@ LAYERS = {
 }
 
 
+#: Modules that are one concern with another (the command line and its sweeps call each other).
+SAME_ROOM = {"sweeps": "train"}
+
+
+def _room(name: str) -> str:
+    return SAME_ROOM.get(name, name)
+
+
 def _package(module: str) -> str | None:
     parts = module.split(".")
-    return parts[1] if parts[0] == "dpsub" and len(parts) > 1 else None
+    return _room(parts[1]) if parts[0] == "dpsub" and len(parts) > 1 else None
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -67,7 +75,7 @@ def _violations() -> list[str]:
     bad = []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC)
-        own = rel.parts[0].removesuffix(".py")
+        own = _room(rel.parts[0].removesuffix(".py"))
         if own == "__init__":
             continue
         assert own in LAYERS, f"src/dpsub/{own} has no layer in tests/test_architecture.py"
