@@ -65,9 +65,8 @@ def overrides(name: str, eps: int) -> list[str]:
 
 
 def run(only: str | None) -> None:
-    from hydra import compose, initialize_config_dir
-
     from dpsub.audit.cli import run_audit
+    from dpsub.config import compose
 
     for name in MECHANISMS:
         if only and name != only:
@@ -76,8 +75,7 @@ def run(only: str | None) -> None:
             d = OUT / f"{name}_eps{eps}"
             if (d / "audit.json").is_file():
                 continue
-            with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-                cfg = compose("dpsub_audit", overrides=overrides(name, eps))
+            cfg = compose(overrides(name, eps), config_name="dpsub_audit")
             r = run_audit(cfg, d)
             print(name, eps, r["lower_bound"]["epsilon"], r["epsilon_upper"], flush=True)
 
@@ -108,16 +106,14 @@ def dist() -> None:
 
 
 def onerun() -> None:
-    from hydra import compose, initialize_config_dir
-
     from dpsub.audit.cli import run_audit
+    from dpsub.config import compose
 
     for name, extra in ONERUN.items():
         d = OUT / name
         if (d / "audit.json").is_file():
             continue
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose("dpsub_audit", overrides=[*ONERUN_SETTING, *extra])
+        cfg = compose([*ONERUN_SETTING, *extra], config_name="dpsub_audit")
         r = run_audit(cfg, d)
         print(name, r["lower_bound"]["epsilon"], r["epsilon_upper"], r["trials"], flush=True)
 

@@ -156,12 +156,9 @@ def run_overrides(model: str, mech: str, backend: str, options: dict, args) -> l
 
 
 def compose_cfg(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
+    from dpsub.config import compose
 
-    import dpsub.train  # noqa: F401  (resolvers)
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+    return compose(overrides)
 
 
 # ------------------------------------------------------------------ memory

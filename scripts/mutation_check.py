@@ -38,8 +38,8 @@ MUTANTS = (
     Mutant(
         "dpsgd-half-noise",
         "src/dpsub/mechanisms/dpsgd.py",
-        "std = ctx.z * self.opts.clip",
-        "std = 0.5 * ctx.z * self.opts.clip",
+        "std = ctx.noise.std(ctx.z, self.opts.clip)",
+        "std = ctx.noise.std(0.5 * ctx.z, self.opts.clip)",
         ("tests/test_mechanisms.py", "-k", "noise_std"),
     ),
     Mutant(
@@ -60,20 +60,20 @@ MUTANTS = (
     Mutant(
         "bgep-half-noise",
         "src/dpsub/mechanisms/gep.py",
-        "return z * o.clip_embedding, 0.0",
-        "return 0.5 * z * o.clip_embedding, 0.0",
+        "return noise_std(z, o.clip_embedding), 0.0",
+        "return noise_std(0.5 * z, o.clip_embedding), 0.0",
         ("tests/test_mechanisms.py", "-k", "bgep_noise_measured"),
     ),
     Mutant(
         "gep-residual-half-noise",
         "src/dpsub/mechanisms/gep.py",
-        "z * math.sqrt(2) * o.clip_residual",
-        "0.5 * z * math.sqrt(2) * o.clip_residual",
+        "noise_std(z2, o.clip_residual)",
+        "noise_std(0.5 * z2, o.clip_residual)",
         ("tests/test_mechanisms.py", "-k", "gep_noise_measured"),
     ),
     Mutant(
         "trainer-trusts-the-mechanism",
-        "src/dpsub/training/run.py",
+        "src/dpsub/privacy/account.py",
         "        if not z_rec >= z * (1 - REL_TOL):",
         "        if False:",
         ("tests/test_run.py", "-k", "less_noise"),
@@ -168,8 +168,8 @@ MUTANTS = (
     Mutant(
         "rgp-half-noise",
         "src/dpsub/mechanisms/rgp.py",
-        "        std = 0.0 if ctx.z == 0 else ctx.z * self.opts.clip  # z=0: noise off (tests)",
-        "        std = 0.0 if ctx.z == 0 else ctx.z * self.opts.clip / 2",
+        "        std = ctx.noise.std(ctx.z, self.opts.clip)",
+        "        std = ctx.noise.std(ctx.z, self.opts.clip) / 2",
         ("tests/test_rgp.py", "-k", "records_give"),
     ),
     Mutant(
@@ -182,8 +182,8 @@ MUTANTS = (
     Mutant(
         "pdpsgd-half-noise",
         "src/dpsub/mechanisms/pdpsgd.py",
-        "        std = ctx.z * o.clip\n",
-        "        std = ctx.z * o.clip / 2\n",
+        "        std = ctx.noise.std(ctx.z, o.clip)\n",
+        "        std = ctx.noise.std(ctx.z, o.clip) / 2\n",
         ("tests/test_pdpsgd.py", "-k", "epsilon_equals"),
     ),
     Mutant(

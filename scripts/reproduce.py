@@ -119,23 +119,19 @@ def plan(args, table: tables.Table) -> tuple[list[tables.Job], list[tables.Job],
 
 def compose_all(jobs: list[tables.Job]) -> dict[Path, DictConfig]:
     """Every job's config, composed and validated (ConfigError names the job)."""
-    from hydra import compose, initialize_config_dir
-
-    import dpsub.train  # noqa: F401  (resolvers)
-    from dpsub.config import validate
+    from dpsub.config import compose, validate
 
     out = {}
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        for job in jobs:
-            try:
-                cfg = compose(config_name="config", overrides=job.hydra_overrides())
-                validate(cfg)
-            except ConfigError as e:
-                raise ConfigError(f"{e} (job {job.variant}/{job.name})") from None
-            except Exception as e:  # noqa: BLE001 -- Hydra's own errors: one line
-                msg = str(e).splitlines()[0]
-                raise ConfigError(f"job {job.variant}/{job.name}: {msg}") from None
-            out[job.dir] = cfg
+    for job in jobs:
+        try:
+            cfg = compose(job.hydra_overrides())
+            validate(cfg)
+        except ConfigError as e:
+            raise ConfigError(f"{e} (job {job.variant}/{job.name})") from None
+        except Exception as e:  # noqa: BLE001 -- Hydra's own errors: one line
+            msg = str(e).splitlines()[0]
+            raise ConfigError(f"job {job.variant}/{job.name}: {msg}") from None
+        out[job.dir] = cfg
     return out
 
 

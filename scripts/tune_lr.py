@@ -48,14 +48,9 @@ VAL_SEED_OFFSET = 7919  # the validation pick's generator: run seed + this
 
 
 def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from dpsub.config import compose as compose_config
 
-    import dpsub.train  # noqa: F401  (resolvers)
-    from dpsub.paths import conf_dir
-
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides)
+    return compose_config(overrides)
 
 
 def carve_validation(data, val_size: int, seed: int):

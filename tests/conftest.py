@@ -72,21 +72,12 @@ def run_cli(
 
 def compose_cfg(*overrides: str, data_root: Path | None = None):
     """The composed config (``conf/config.yaml`` + overrides), W&B and progress bar off."""
-    from hydra import compose, initialize_config_dir
-
-    import dpsub.train  # noqa: F401  (resolvers)
+    from dpsub.config import compose
 
     root = data_root or SHARED or Path("./data")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(
-            config_name="config",
-            overrides=[
-                f"data.root={root}",
-                "logger.mode=disabled",
-                "train.progress=false",
-                *overrides,
-            ],
-        )
+    return compose(
+        [f"data.root={root}", "logger.mode=disabled", "train.progress=false", *overrides]
+    )
 
 
 #: A small synthetic private set (no files): quick runs of the real loop.

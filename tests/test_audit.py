@@ -205,12 +205,9 @@ def test_guesses_count_correct_calls() -> None:
 
 # ----------------------------------------------------------------- CLI
 def audit_cfg(*overrides: str):
-    from hydra import compose, initialize_config_dir
+    from dpsub.config import compose
 
-    from conftest import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("dpsub_audit", overrides=["logger=disabled", *overrides])
+    return compose(["logger=disabled", *overrides], config_name="dpsub_audit")
 
 
 def test_audit_writes_audit_json_beside_the_summary_and_a_log_line(tmp_path) -> None:

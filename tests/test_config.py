@@ -5,11 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import dpsub.train  # noqa: F401  (registers the run-dir resolver)
-from dpsub.config import ConfigError, validate
+from dpsub.config import ConfigError, compose, validate
 from dpsub.mechanisms import build_mechanism
 from dpsub.models import build_model
 
@@ -31,8 +29,7 @@ def options(group: str) -> list[str]:
 
 
 def composed(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    return compose(overrides)
 
 
 def test_every_group_has_options():
@@ -239,10 +236,7 @@ def test_launcher_presets_compose(launcher, target):
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True
-        )
+    cfg = compose([f"hydra/launcher={launcher}"], return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith(target)
 
 

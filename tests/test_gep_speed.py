@@ -255,7 +255,7 @@ def test_gep_refits_warm_between_refreshes(monkeypatch):
     assert mech.state_dict()["fresh_step"] == 6
     again = setup("gep", num_bases=8)[2]
     again.load_state_dict(mech.state_dict())
-    assert (again._basis_step, again._fresh_step) == (10, 6)
+    assert (again.refit.last, again.fresh.last) == (10, 6)
 
 
 def test_paper_default_refits_from_random_starts_every_step(monkeypatch):

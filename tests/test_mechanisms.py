@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from dpsub.data.aux import AuxData
-from dpsub.data.sampling import PoissonSampler, ShuffleSampler, seeded_uniform
 from dpsub.grads import GradEngine
 from dpsub.grads.clip import ClipStats, clip_rows, clipped_sum
 from dpsub.mechanisms import StepContext, build_mechanism
 from dpsub.privacy import Privatizer, SeededNoise
+from dpsub.privacy.sampling import PoissonSampler, ShuffleSampler, seeded_uniform
 from dpsub.training.run import build_run, train_step
 
 from conftest import SYNTH, compose_cfg, loop_grads
@@ -264,8 +264,8 @@ def gep_pair(**opts):
 
 
 def fixed_basis(mech, basis):
-    mech.basis, mech._basis_step = basis, 0
-    mech.opts.subspace_every = 10**9
+    mech.basis = basis
+    mech.refit.every, mech.refit.last = 10**9, 0  # never refitted
 
 
 def test_gep_without_clipping_and_noise_is_the_exact_mean():

@@ -169,7 +169,7 @@ def test_basis_survives_a_checkpoint():
     mech.step(x, y, ctx(z=1.0))
     fresh = setup("pdpsgd", subspace_every=10)[1]
     fresh.load_state_dict(mech.state_dict())
-    assert torch.equal(fresh.basis, mech.basis) and fresh._basis_step == 0
+    assert torch.equal(fresh.basis, mech.basis) and fresh.refit.last == 0
 
 
 def test_k_larger_than_the_public_set_is_refused():

@@ -17,11 +17,11 @@ from torch import nn
 
 from dpsub.errors import ConfigError
 from dpsub.grads import GradEngine
-from dpsub.grads.lowrank import LowRankReparam
 from dpsub.mechanisms import StepContext, build_mechanism
 from dpsub.models import build_model
 from dpsub.privacy import Privatizer, SeededNoise
 from dpsub.subspace.lowrank import power_carriers, random_carriers
+from dpsub.subspace.reparam import LowRankReparam
 from dpsub.training.run import build_run, load_run_state, run_state, train_step
 
 from conftest import SYNTH, compose_cfg

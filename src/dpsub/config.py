@@ -11,18 +11,41 @@ consume them, so a config file and its class cannot drift apart silently.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from dpsub.choices import ACCOUNTANTS, BACKENDS, RNGS, SAMPLINGS
 from dpsub.errors import ConfigError
 
-#: Per-example gradient backends (dpsub.grads.engine.BACKENDS; a test keeps them equal).
-BACKENDS = ("vmap", "opacus", "ghost")
+__all__ = ["ConfigError", "check_against_data", "check_environment", "compose", "validate"]
 
-__all__ = ["ConfigError", "validate", "check_against_data", "check_environment"]
+
+def compose(
+    overrides: Sequence[str] = (),
+    *,
+    config_name: str = "config",
+    return_hydra_config: bool = False,
+) -> DictConfig:
+    """``conf/<config_name>.yaml`` (``config``: training, ``dpsub_audit``: audits) composed
+    with Hydra ``overrides``, as the command line composes it.
+
+    The one place scripts and tests compose a config (not validated: see :func:`validate`).
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from dpsub.paths import conf_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return hydra_compose(
+            config_name=config_name,
+            overrides=list(overrides),
+            return_hydra_config=return_hydra_config,
+        )
 
 
 @dataclass
@@ -136,6 +159,10 @@ def _require(cond: bool, key: str, msg: str, value: Any) -> None:
         raise ConfigError(f"{key}: {msg}, got {value!r}")
 
 
+def _one_of(values: tuple[str, ...]) -> str:
+    return f"must be one of {values}"
+
+
 def validate(cfg: DictConfig) -> DictConfig:
     """Check the whole config; return it unchanged (raises ConfigError).
 
@@ -156,20 +183,13 @@ def validate(cfg: DictConfig) -> DictConfig:
     p = typed["privacy"]
     _require(p.epsilon > 0, "privacy.epsilon", "must be > 0", p.epsilon)
     _require(0 < p.delta < 1, "privacy.delta", "must be in (0, 1)", p.delta)
-    _require(
-        p.accountant in ("rdp", "prv"), "privacy.accountant", "must be rdp or prv", p.accountant
-    )
-    _require(
-        p.sampling in ("poisson", "shuffle"),
-        "privacy.sampling",
-        "must be poisson or shuffle",
-        p.sampling,
-    )
+    _require(p.accountant in ACCOUNTANTS, "privacy.accountant", _one_of(ACCOUNTANTS), p.accountant)
+    _require(p.sampling in SAMPLINGS, "privacy.sampling", _one_of(SAMPLINGS), p.sampling)
     if p.noise_multiplier is not None:
         _require(
             p.noise_multiplier > 0, "privacy.noise_multiplier", "must be > 0", p.noise_multiplier
         )
-    _require(p.rng in ("seeded", "secure"), "privacy.rng", "must be seeded or secure", p.rng)
+    _require(p.rng in RNGS, "privacy.rng", _one_of(RNGS), p.rng)
 
     t = typed["train"]
     _require(t.epochs > 0, "train.epochs", "must be > 0", t.epochs)
@@ -183,7 +203,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     _require(t.eval_batch_size >= 1, "train.eval_batch_size", "must be >= 1", t.eval_batch_size)
 
     g = typed["grads"]
-    _require(g.backend in BACKENDS, "grads.backend", f"must be one of {BACKENDS}", g.backend)
+    _require(g.backend in BACKENDS, "grads.backend", _one_of(BACKENDS), g.backend)
     _require(t.amp in (None, "bf16"), "train.amp", "must be null or bf16", t.amp)
     _require(
         t.amp is None or g.backend == "vmap",

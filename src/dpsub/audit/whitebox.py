@@ -239,7 +239,7 @@ def _accountant(run, steps: list[dict]) -> dict:
     p = run.cfg.privacy
     planned = [(st["z_planned"], run.q, 1) for st in steps]
     measured = [(max(st["z_records"], 1e-300), run.q, 1) for st in steps]
-    if run.mechanism.accounting == "planned":
+    if run.account.charges_plan:
         return {
             "epsilon_upper": epsilon_for(planned, p.delta, p.accountant),
             "epsilon_nominal": None,

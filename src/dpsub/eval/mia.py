@@ -24,19 +24,17 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from dpsub.training.run import Run
-
 __all__ = [
     "DEFAULT_EXAMPLES",
     "MIAResult",
+    "TrainedRun",
     "attack_success",
     "best_threshold",
     "evaluate_run",
@@ -44,6 +42,16 @@ __all__ = [
     "per_example_losses",
     "wilson_interval",
 ]
+
+
+class TrainedRun(Protocol):
+    """What :func:`evaluate_run` reads of a run (a :class:`~dpsub.training.run.Run` is one;
+    evaluation does not import training): its config, data and model."""
+
+    cfg: Any  # eval.mia_examples, seed, train.eval_batch_size
+    data: Any  # train_x/train_y (members), test_x/test_y (non-members)
+    model: torch.nn.Module
+
 
 #: Members (and non-members) per evaluation when ``eval.mia_examples`` is not set: RGP
 #: uses the whole test set (MNIST / CIFAR-10: 10,000) and as many training examples.
@@ -138,7 +146,7 @@ def per_example_losses(model: torch.nn.Module, x: Tensor, y: Tensor, batch_size:
     return torch.cat(out).cpu()
 
 
-def evaluate_run(run: Run, examples: int | None = None, seed: int | None = None) -> dict:
+def evaluate_run(run: TrainedRun, examples: int | None = None, seed: int | None = None) -> dict:
     """Attack ``run``'s model; the result under ``private/mia/`` keys (not covered by epsilon).
 
     Members are ``examples`` random examples of the run's private training set,

@@ -36,11 +36,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from dpsub.choices import BACKENDS
 from dpsub.grads.clip import ClippedAccumulator, ClipStats
 from dpsub.grads.layout import ParamLayout
 from dpsub.privacy.noise import Sensitive
-
-BACKENDS = ("vmap", "opacus", "ghost")  # mirrored in dpsub.config (torch-free)
 
 Forward = Callable[[dict[str, Tensor], Tensor], Tensor]
 
@@ -52,7 +51,7 @@ class GradTarget:
     ``module``, if given, is the same function as an ``nn.Module`` whose trainable
     parameters are ``params`` under the names ``module_names`` maps to theirs (made of
     plain Conv2d / Linear / norm layers): ``grads.backend=ghost`` clips it by ghost
-    clipping instead of ``vmap`` (RGP's carriers, :mod:`dpsub.grads.lowrank`).
+    clipping instead of ``vmap`` (RGP's carriers, :mod:`dpsub.subspace.reparam`).
     """
 
     params: dict[str, Tensor]
@@ -132,26 +131,163 @@ def auto_microbatch(
     return 1 << (int(fits).bit_length() - 1)
 
 
+# ------------------------------------------------------------- backends
+class VmapBackend:
+    """``grads.backend=vmap``: ``torch.func.vmap(grad(...))`` over any target.
+
+    A backend is a strategy object the engine holds (one per engine): :meth:`chunk` gives
+    one micro-batch of flat per-example gradients, :meth:`clipped_sum` the clipped sum
+    of a batch. Its flags say what mechanisms may ask of it.
+    """
+
+    name = "vmap"
+    any_target = True  # differentiates any GradTarget (else: the model's own parameters only)
+    module_targets = False  # clips a target through its module form (GradTarget.module)
+
+    def __init__(self, engine: GradEngine):
+        self.engine = engine
+
+    def chunk(self, x: Tensor, y: Tensor, target: GradTarget) -> Chunk:
+        params = {n: p.detach() for n, p in target.params.items()}
+        with self.engine.autocast(x.device):
+            grads, (loss, correct) = self.engine._per_example_fn(target)(params, x, y)
+        return Chunk(target.layout.flatten(grads, batch=True), loss.float(), correct)
+
+    def clipped_sum(self, x: Tensor, y: Tensor, clip: float, target: GradTarget) -> ClippedSum:
+        """Clip the per-parameter rows, never concatenated into (b, p)."""
+        stats, acc = BatchStats(), ClippedAccumulator()
+        params = {n: p.detach() for n, p in target.params.items()}
+        for xb, yb in self.engine._microbatches(x, y):
+            with self.engine.autocast(x.device):
+                grads, (loss, correct) = self.engine._per_example_fn(target)(params, xb, yb)
+            acc.add("grad", [grads[n] for n in target.layout.names], clip)  # float32
+            stats.add(loss, correct)
+        return _finished(acc, stats, clip, target, x.device)
+
+
+class OpacusBackend(VmapBackend):
+    """``grads.backend=opacus``: Opacus' ``GradSampleModule`` hooks (the model's parameters)."""
+
+    name = "opacus"
+    any_target = False
+
+    def __init__(self, engine: GradEngine):
+        super().__init__(engine)
+        self._gsm = None
+
+    def chunk(self, x: Tensor, y: Tensor, target: GradTarget) -> Chunk:
+        from opacus import GradSampleModule
+
+        engine = self.engine
+        if target is not engine.target:
+            raise ValueError(
+                "grads.backend=opacus differentiates the model's own parameters only; "
+                "this mechanism needs grads.backend=vmap"
+            )
+        if self._gsm is None:
+            self._gsm = GradSampleModule(engine.model, batch_first=True, loss_reduction="sum")
+        for p in engine._params:
+            p.grad_sample = None
+            p.grad = None
+        logits = self._gsm(x)
+        losses = F.cross_entropy(logits, y, reduction="none")
+        losses.sum().backward()
+        flat = torch.cat([p.grad_sample.reshape(x.shape[0], -1) for p in engine._params], dim=1)
+        for p in engine._params:
+            p.grad_sample = None
+            p.grad = None
+        return Chunk(flat, losses.detach(), logits.detach().argmax(-1) == y)
+
+    def clipped_sum(self, x: Tensor, y: Tensor, clip: float, target: GradTarget) -> ClippedSum:
+        stats, acc = BatchStats(), ClippedAccumulator()
+        for chunk in self.engine.per_example(x, y, target):
+            acc.add("grad", chunk.grads, clip)
+            stats.add(chunk.loss, chunk.correct)
+        return _finished(acc, stats, clip, target, x.device)
+
+
+class GhostBackend(VmapBackend):
+    """``grads.backend=ghost``: :class:`~dpsub.grads.ghost.GhostClipper` (book-keeping ghost
+    clipping) for the model and for targets with a module form; ``vmap`` for other targets."""
+
+    name = "ghost"
+    module_targets = True
+
+    def __init__(self, engine: GradEngine):
+        super().__init__(engine)
+        self._clipper = None
+
+    def clipper(self):
+        from dpsub.grads.ghost import GhostClipper
+
+        if self._clipper is None:
+            self._clipper = GhostClipper(self.engine.model, microbatch=self.engine.microbatch)
+        return self._clipper
+
+    def chunk(self, x: Tensor, y: Tensor, target: GradTarget) -> Chunk:
+        if target is not self.engine.target:
+            return super().chunk(x, y, target)
+        return Chunk(*next(self.clipper().per_example(x, y)))
+
+    def clipped_sum(self, x: Tensor, y: Tensor, clip: float, target: GradTarget) -> ClippedSum:
+        if target is self.engine.target:
+            r = self.clipper().clipped_sum(x, y, clip)
+        elif target.module is not None:  # its flat sum put back in the target's order
+            from dpsub.grads.ghost import GhostClipper
+
+            clipper = GhostClipper(target.module, microbatch=self.engine.microbatch)
+            r = clipper.clipped_sum(x, y, clip)
+            parts = ParamLayout.of(target.module).unflatten(r.grad_sum)
+            named = {target.module_names[n]: t for n, t in parts.items()}
+            r.grad_sum = target.layout.flatten(named)
+        else:
+            return super().clipped_sum(x, y, clip, target)
+        stats = BatchStats()
+        stats.add(r.loss, r.correct)
+        stats.clip = ClipStats(int(x.shape[0]), (r.norms > clip).sum(), r.nonfinite.sum())
+        return ClippedSum(Sensitive(r.grad_sum, float(clip)), stats)
+
+
+def _finished(acc: ClippedAccumulator, stats: BatchStats, clip, target, device) -> ClippedSum:
+    stats.clip = acc.stats.get("grad", ClipStats())
+    return ClippedSum(acc.sum("grad", clip, target.layout.dim, device), stats)
+
+
+#: ``grads.backend`` -> its strategy class.
+BACKEND_CLASSES: dict[str, type[VmapBackend]] = {
+    b.name: b for b in (VmapBackend, OpacusBackend, GhostBackend)
+}
+assert tuple(BACKEND_CLASSES) == BACKENDS, "dpsub.choices.BACKENDS names every strategy"
+
+
 class GradEngine:
-    """Per-example, clipped-sum and mean gradients of a classifier's cross-entropy loss."""
+    """Per-example, clipped-sum and mean gradients of a classifier's cross-entropy loss.
+
+    ``dist``: a :class:`~dpsub.training.distributed.Dist` in multi-process training (its
+    rank splits public gradients and reduces mean gradients), else None.
+    """
 
     def __init__(
-        self, model: nn.Module, microbatch: int = 256, backend: str = "vmap", compile: bool = False
+        self,
+        model: nn.Module,
+        microbatch: int = 256,
+        backend: str = "vmap",
+        compile: bool = False,
+        dist=None,
     ):
-        if backend not in BACKENDS:
+        if backend not in BACKEND_CLASSES:
             raise ValueError(f"grads.backend must be one of {BACKENDS}, got {backend!r}")
         if microbatch < 1:
             raise ValueError(f"grads.microbatch must be >= 1, got {microbatch}")
         self.model = model
         self.microbatch = int(microbatch)
         self.backend = backend
+        self.strategy = BACKEND_CLASSES[backend](self)
         self.compile = bool(compile)
         self.target = GradTarget.of_model(model)
         self.layout = self.target.layout
         self._params = list(self.target.params.values())
-        self.dist = None  # a dpsub.training.distributed.Dist in multi-process training
-        self._gsm = None
-        self._ghost = None
+        self.dist = dist if dist is not None and dist.active else None
         self._vmapped: dict[int, Callable] = {}
         self.amp: torch.dtype | None = None  # train.amp: autocast dtype of forward/backward
 
@@ -165,6 +301,11 @@ class GradEngine:
     @property
     def dim(self) -> int:
         return self.layout.dim
+
+    @property
+    def distributed(self) -> bool:
+        """Several ranks share the work (public gradients are split across them)."""
+        return self.dist is not None and self.dist.active
 
     def flat_params(self) -> Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self._params])
@@ -201,40 +342,7 @@ class GradEngine:
         """Yield flat per-example gradients of ``target`` micro-batch by micro-batch."""
         target = target or self.target
         for xb, yb in self._microbatches(x, y):
-            if self.backend == "opacus":
-                if target is not self.target:
-                    raise ValueError(
-                        "grads.backend=opacus differentiates the model's own parameters only; "
-                        "this mechanism needs grads.backend=vmap"
-                    )
-                yield self._opacus_chunk(xb, yb)
-            elif self.backend == "ghost" and target is self.target:
-                yield Chunk(*next(self._ghost_clipper().per_example(xb, yb)))
-            else:  # (ghost with another target: vmap)
-                yield self._vmap_chunk(xb, yb, target)
-
-    def _vmap_chunk(self, x, y, target: GradTarget) -> Chunk:
-        params = {n: p.detach() for n, p in target.params.items()}
-        with self.autocast(x.device):
-            grads, (loss, correct) = self._per_example_fn(target)(params, x, y)
-        return Chunk(target.layout.flatten(grads, batch=True), loss.float(), correct)
-
-    def _opacus_chunk(self, x, y) -> Chunk:
-        from opacus import GradSampleModule
-
-        if self._gsm is None:
-            self._gsm = GradSampleModule(self.model, batch_first=True, loss_reduction="sum")
-        for p in self._params:
-            p.grad_sample = None
-            p.grad = None
-        logits = self._gsm(x)
-        losses = F.cross_entropy(logits, y, reduction="none")
-        losses.sum().backward()
-        flat = torch.cat([p.grad_sample.reshape(x.shape[0], -1) for p in self._params], dim=1)
-        for p in self._params:
-            p.grad_sample = None
-            p.grad = None
-        return Chunk(flat, losses.detach(), logits.detach().argmax(-1) == y)
+            yield self.strategy.chunk(xb, yb, target)
 
     def public_gradients(self, x: Tensor, y: Tensor, target: GradTarget | None = None) -> Tensor:
         """Per-example gradients ``(m, p)`` of a *public* set (anchors, public examples).
@@ -253,7 +361,7 @@ class GradEngine:
 
     def broadcast_(self, tensors) -> None:
         """Rank 0's values of ``tensors`` on every rank (identical copies in one process)."""
-        if self.dist is not None and self.dist.active:
+        if self.distributed:
             for t in tensors:
                 self.dist.broadcast(t)
 
@@ -262,48 +370,7 @@ class GradEngine:
         self, x: Tensor, y: Tensor, clip: float, target: GradTarget | None = None
     ) -> ClippedSum:
         """``sum_i min(1, C/||g_i||) g_i`` over the batch (non-finite rows dropped)."""
-        target = target or self.target
-        if self.backend == "ghost" and (target is self.target or target.module is not None):
-            return self._ghost_clipped_sum(x, y, clip, target)
-        stats = BatchStats()
-        acc = ClippedAccumulator()
-        if self.backend == "opacus":
-            for chunk in self.per_example(x, y, target):
-                acc.add("grad", chunk.grads, clip)
-                stats.add(chunk.loss, chunk.correct)
-        else:  # vmap: clip the per-parameter rows, never concatenated into (b, p)
-            params = {n: p.detach() for n, p in target.params.items()}
-            for xb, yb in self._microbatches(x, y):
-                with self.autocast(x.device):
-                    grads, (loss, correct) = self._per_example_fn(target)(params, xb, yb)
-                acc.add("grad", [grads[n] for n in target.layout.names], clip)  # float32
-                stats.add(loss, correct)
-        stats.clip = acc.stats.get("grad", ClipStats())
-        return ClippedSum(acc.sum("grad", clip, target.layout.dim, x.device), stats)
-
-    def _ghost_clipper(self):
-        from dpsub.grads.ghost import GhostClipper
-
-        if self._ghost is None:
-            self._ghost = GhostClipper(self.model, microbatch=self.microbatch)
-        return self._ghost
-
-    def _ghost_clipped_sum(
-        self, x: Tensor, y: Tensor, clip: float, target: GradTarget
-    ) -> ClippedSum:
-        if target is self.target:
-            r = self._ghost_clipper().clipped_sum(x, y, clip)
-        else:  # the target's own module; its flat sum put back in the target's order
-            from dpsub.grads.ghost import GhostClipper
-
-            r = GhostClipper(target.module, microbatch=self.microbatch).clipped_sum(x, y, clip)
-            parts = ParamLayout.of(target.module).unflatten(r.grad_sum)
-            named = {target.module_names[n]: t for n, t in parts.items()}
-            r.grad_sum = target.layout.flatten(named)
-        stats = BatchStats()
-        stats.add(r.loss, r.correct)
-        stats.clip = ClipStats(int(x.shape[0]), (r.norms > clip).sum(), r.nonfinite.sum())
-        return ClippedSum(Sensitive(r.grad_sum, float(clip)), stats)
+        return self.strategy.clipped_sum(x, y, clip, target or self.target)
 
     # ---------------------------------------------------------------- mean
     def mean_gradient(self, x: Tensor, y: Tensor) -> tuple[Tensor, BatchStats]:
@@ -318,7 +385,7 @@ class GradEngine:
             total += torch.cat([g.reshape(-1) for g in gs])
             stats.add(per.detach(), logits.detach().argmax(-1) == yb)
         n = torch.tensor(float(x.shape[0]), device=x.device)
-        if self.dist is not None and self.dist.active:  # the mean over every rank's shard
+        if self.distributed:  # the mean over every rank's shard
             total, n = self.dist.all_reduce(total), self.dist.all_reduce(n)
         stats.clip.n = int(x.shape[0])
         return total / n.clamp_min(1.0), stats

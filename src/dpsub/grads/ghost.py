@@ -73,7 +73,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from dpsub.grads.clip import clip_factors
 from dpsub.grads.layout import ParamLayout
 
-__all__ = ["GhostClipper", "GhostError", "GhostResult"]
+__all__ = ["RULES", "GhostClipper", "GhostError", "GhostResult", "LayerRule", "register_rule"]
 
 STRATEGIES = ("auto", "ghost", "materialize")
 # On the CPU, per-example convolution gradients are computed for as many examples at a time
@@ -100,6 +100,18 @@ class GhostResult:
     nonfinite: Tensor  # (b,) bool, dropped: non-finite loss or gradient
 
 
+@dataclass
+class _ChunkResult:
+    """One micro-batch of :meth:`GhostClipper.clipped_sum`: the rows of a
+    :class:`GhostResult` and the clipped sums by parameter name (layout names)."""
+
+    norms: Tensor
+    loss: Tensor
+    correct: Tensor
+    nonfinite: Tensor
+    sums: dict[str, Tensor]
+
+
 # ------------------------------------------------------------------------ layers
 @dataclass
 class _Call:
@@ -121,7 +133,7 @@ class _Layer:
     module: nn.Module
     params: dict[str, nn.Parameter]  # relative name -> parameter
     names: dict[str, str]  # relative name -> name in the layout
-    kind: str  # "linear" | "conv" | "norm" | "fallback"
+    rule: LayerRule  # how its per-example gradients are found (RULES, else FALLBACK)
     shared: bool = False  # a parameter also owned by another layer: materialize
     calls: list[_Call] = field(default_factory=list)
 
@@ -135,18 +147,6 @@ def _own_params(m: nn.Module) -> dict[str, nn.Parameter]:
     return out
 
 
-def _kind(m: nn.Module) -> str:
-    """Which closed form computes the per-example gradients of ``m`` (exact types only)."""
-    t = type(m)
-    if t is nn.Linear:
-        return "linear"
-    if t is nn.Conv2d:
-        return "conv"
-    if t in (nn.GroupNorm, nn.LayerNorm):
-        return "norm"
-    return "fallback"
-
-
 def _layers(model: nn.Module) -> list[_Layer]:
     """Every module owning trainable parameters, named as in ``model.named_parameters()``."""
     canon = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
@@ -157,7 +157,7 @@ def _layers(model: nn.Module) -> list[_Layer]:
         own = _own_params(m)
         if own:
             names = {r: canon[id(p)] for r, p in own.items()}
-            layers.append(_Layer(name, m, own, names, _kind(m)))
+            layers.append(_Layer(name, m, own, names, RULES.get(type(m), FALLBACK)))
     owners = Counter(id(p) for lay in layers for p in lay.params.values())
     for lay in layers:
         lay.shared = any(owners[id(p)] > 1 for p in lay.params.values())
@@ -285,46 +285,6 @@ def _conv_in(m: nn.Conv2d, a: Tensor) -> tuple[Tensor, tuple[int, int]]:
     return a, m.padding
 
 
-def _dims(lay: _Layer, a: Tensor, g: Tensor) -> tuple[int, int, int]:
-    """(T, d, out): positions, input size and output size of the layer's matrix product."""
-    w = lay.params["weight"]
-    if lay.kind == "linear":
-        return a.numel() // (a.shape[0] * w.shape[1]), w.shape[1], w.shape[0]
-    return g[0, 0].numel(), w[0].numel(), w.shape[0]
-
-
-def _patches(lay: _Layer, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
-    """``(A, B)``: (b, T, d) inputs and (b, T, out) output gradients; out_t = W A_t (+ bias)."""
-    b, m = g.shape[0], lay.module
-    if lay.kind == "linear":
-        return a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
-    a, pad = _conv_in(m, a)
-    unf = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=pad, stride=m.stride)
-    return unf.mT, g.flatten(2).mT
-
-
-def _per_example(lay: _Layer, a: Tensor, g: Tensor) -> Tensor:
-    """``grad_W(i) = B_i^T A_i`` as (b, *W.shape); a convolution's is a convolution's weight
-    gradient with the batch folded into the channels (``groups * k`` groups for k examples)."""
-    b, m, shape = g.shape[0], lay.module, lay.params["weight"].shape
-    if lay.kind == "linear":
-        A, B = _patches(lay, a, g)
-        return torch.bmm(B.mT, A).view(b, *shape)
-    a, pad = _conv_in(m, a)
-    if not g.is_cuda and m.groups == 1 and shape[1] <= _FEW_CHANNELS:
-        return _per_example_few_channels(m, a, g, pad)
-    G = g.new_empty(b, *shape)
-    k = b if g.is_cuda else max(1, _CPU_BLOCK_BYTES // (shape.numel() * g.element_size()))
-    for s in range(0, b, k):
-        ak, gk = a[s : s + k], g[s : s + k]
-        n = ak.shape[0]
-        G[s : s + n] = torch.nn.grad.conv2d_weight(
-            ak.reshape(1, -1, *a.shape[2:]), (n * shape[0], *shape[1:]),
-            gk.reshape(1, -1, *g.shape[2:]), m.stride, pad, m.dilation, m.groups * n,
-        ).view(n, *shape)  # fmt: skip
-    return G
-
-
 def _per_example_few_channels(m: nn.Conv2d, a: Tensor, g: Tensor, pad) -> Tensor:
     """``grad_W(i)[o, c] = sum_t a_i[c, dil * k + stride * t] g_i[o, t]`` for all i in one
     convolution: the input channels are the batch, example i's output gradients are the
@@ -342,23 +302,6 @@ def _per_example_few_channels(m: nn.Conv2d, a: Tensor, g: Tensor, pad) -> Tensor
     return r.permute(1, 2, 0, 3, 4).contiguous()
 
 
-def _summed(lay: _Layer, a: Tensor, g: Tensor) -> Tensor:
-    """``sum_i grad_W(i) = sum_i B_i^T A_i``: the ordinary weight gradient (one GEMM)."""
-    m, shape = lay.module, lay.params["weight"].shape
-    if lay.kind == "linear":
-        A, B = _patches(lay, a, g)
-        return torch.tensordot(B, A, dims=([0, 1], [0, 1])).view(shape)
-    a, pad = _conv_in(m, a)
-    return torch.nn.grad.conv2d_weight(a, shape, g, m.stride, pad, m.dilation, m.groups)
-
-
-def _bias_grad(lay: _Layer, g: Tensor) -> Tensor:
-    """``grad_bias(i) = sum_t B_i[t]``: the output gradient summed over positions, (b, out)."""
-    if lay.kind == "linear":
-        return g.reshape(g.shape[0], -1, g.shape[-1]).sum(1)
-    return g.sum((2, 3))
-
-
 def _ghost_sq(A: Tensor, B: Tensor) -> Tensor:
     """``||B_i^T A_i||_F^2 = <A_i A_i^T, B_i B_i^T>`` per example, without forming B_i^T A_i."""
     if A.shape[1] == 1:
@@ -372,11 +315,11 @@ def _prefer_ghost(lay: _Layer, chunk: _Chunk, io: list, strategy: str) -> bool:
     book-keeping GEMM ``T d out``; materializing: ``B_i^T A_i`` (``T d out``), its norm
     (``d out``) and ``c @ G`` (``d out``) if G fits in the budget, else the GEMM. Shared
     weights and grouped convolutions are always materialized (or ``strategy`` forces it)."""
-    if lay.shared or (lay.kind == "conv" and lay.module.groups != 1):
+    if not lay.rule.ghost_ok(lay):
         return False
     if strategy != "auto":
         return strategy == "ghost"
-    sizes = [_dims(lay, a, g) for a, g in io]
+    sizes = [lay.rule.dims(lay, a, g) for a, g in io]
     T, (_, d, out) = sum(t for t, _, _ in sizes), sizes[0]
     kept = chunk.keep_left >= chunk.b * d * out * io[0][1].element_size()
     ghost = T * T * (d + out) + T * d * out
@@ -391,57 +334,188 @@ def _scaled(t: Tensor, c: Tensor, bad: Tensor | None) -> Tensor:
 def _book(lay: _Layer, io: list, c: Tensor, bad: Tensor | None) -> Tensor:
     """Book-keeping: ``sum_i c_i grad_W(i) = sum_i (c_i B_i)^T A_i``, the ordinary weight
     gradient of output gradients scaled by the clip factors (summed over the calls)."""
-    return _total(_summed(lay, _zero(a, bad), _scaled(g, c, bad)) for a, g in io)
+    return _total(lay.rule.summed(lay, _zero(a, bad), _scaled(g, c, bad)) for a, g in io)
 
 
-def _matmul_layer(lay: _Layer, chunk: _Chunk, strategy: str) -> str:
-    """Linear / Conv2d: bias materialized; the weight's norm by ghost norm or materialized
-    ``grad_W(i)``, its clipped sum by :func:`_book` (or ``c @ G`` when G is kept)."""
-    io = [(_input(c), c.grads[0]) for c in lay.calls if c.grads[0] is not None]
-    if not io:
-        return "unused"
-    if "bias" in lay.params:
-        chunk.add(lay.names["bias"], _total(_bias_grad(lay, g) for _, g in io))
-    if "weight" not in lay.params:
-        return "materialize"
-    name = lay.names["weight"]
-    if _prefer_ghost(lay, chunk, io, strategy):
-        pairs = [_patches(lay, a, g) for a, g in io]  # several calls: T positions each
-        A, B = (torch.cat(t, 1) if len(io) > 1 else t[0] for t in zip(*pairs, strict=True))
-        chunk.sq += _ghost_sq(A, B)
-        choice = "ghost"
-    else:
-        G = _total(_per_example(lay, a, g) for a, g in io)
-        if lay.shared or chunk.keep(G):
-            chunk.add(name, G)
-            return "materialize"
-        chunk.sq += _sq_norms(G)
-        choice = "materialize"
-    chunk.later.append((name, functools.partial(_book, lay, io)))
-    return choice
+# ------------------------------------------------------------ layer rules
+class LayerRule:
+    """How the per-example gradients of one module type are found.
+
+    One instance per module type, registered by *exact* type in :data:`RULES` with
+    :func:`register_rule` (as Opacus registers its grad samplers); every other module
+    owning trainable parameters gets :data:`FALLBACK`. :meth:`process` adds a layer's
+    per-example pieces of one micro-batch to the chunk and names what it did
+    (``"ghost"``, ``"materialize"``, ``"fallback"`` or ``"unused"``).
+    """
+
+    reads_input = True  # the closed form reads the layer's input (checked to be batched)
+
+    def process(self, lay: _Layer, chunk: _Chunk, strategy: str) -> str:
+        raise NotImplementedError
 
 
-def _norm_layer(lay: _Layer, chunk: _Chunk) -> str:
-    """Affine GroupNorm/LayerNorm: ``grad_w(i) = sum_pos xhat_i B_i``, ``grad_b(i) = sum_pos B_i``."""
-    m = lay.module
-    for call in lay.calls:
-        a, gout = _input(call), call.grads[0]
-        if gout is None:
-            continue
-        if isinstance(m, nn.GroupNorm):  # (b, C, *spatial), parameters of shape (C,)
-            xhat, dims = F.group_norm(a, m.num_groups, eps=m.eps), tuple(range(2, a.dim()))
-        else:  # (b, *lead, *normalized_shape), parameters of shape normalized_shape
-            xhat = F.layer_norm(a, m.normalized_shape, eps=m.eps)
-            dims = tuple(range(1, a.dim() - len(m.normalized_shape)))
+#: Module type -> its rule (exact types: a subclass may change the forward).
+RULES: dict[type[nn.Module], LayerRule] = {}
 
-        def over(t: Tensor, dims=dims) -> Tensor:
-            return t.sum(dims) if dims else t
 
-        if "weight" in lay.params:
-            chunk.add(lay.names["weight"], over(xhat * gout))
+def register_rule(*types: type[nn.Module]):
+    """Class decorator: one instance of the rule serves every module of ``types``."""
+
+    def deco(cls: type[LayerRule]) -> type[LayerRule]:
+        for t in types:
+            RULES[t] = cls()
+        return cls
+
+    return deco
+
+
+class _MatmulRule(LayerRule):
+    """``out = W a + bias`` at T positions (Linear, Conv2d): bias materialized; the weight's
+    norm by ghost norm or materialized ``grad_W(i)``, its clipped sum by :func:`_book` (or
+    ``c @ G`` when G is kept)."""
+
+    def dims(self, lay: _Layer, a: Tensor, g: Tensor) -> tuple[int, int, int]:
+        """(T, d, out): positions, input size and output size of the layer's matrix product."""
+        raise NotImplementedError
+
+    def patches(self, lay: _Layer, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+        """``(A, B)``: (b, T, d) inputs and (b, T, out) output gradients; out_t = W A_t (+ bias)."""
+        raise NotImplementedError
+
+    def per_example(self, lay: _Layer, a: Tensor, g: Tensor) -> Tensor:
+        """``grad_W(i) = B_i^T A_i`` as (b, *W.shape)."""
+        raise NotImplementedError
+
+    def summed(self, lay: _Layer, a: Tensor, g: Tensor) -> Tensor:
+        """``sum_i grad_W(i) = sum_i B_i^T A_i``: the ordinary weight gradient (one GEMM)."""
+        raise NotImplementedError
+
+    def bias_grad(self, lay: _Layer, g: Tensor) -> Tensor:
+        """``grad_bias(i) = sum_t B_i[t]``: the output gradient summed over positions, (b, out)."""
+        raise NotImplementedError
+
+    def ghost_ok(self, lay: _Layer) -> bool:
+        """Whether the ghost norm applies (else the weight is always materialized)."""
+        return not lay.shared
+
+    def process(self, lay: _Layer, chunk: _Chunk, strategy: str) -> str:
+        io = [(_input(c), c.grads[0]) for c in lay.calls if c.grads[0] is not None]
+        if not io:
+            return "unused"
         if "bias" in lay.params:
-            chunk.add(lay.names["bias"], over(gout))
-    return "materialize"
+            chunk.add(lay.names["bias"], _total(self.bias_grad(lay, g) for _, g in io))
+        if "weight" not in lay.params:
+            return "materialize"
+        name = lay.names["weight"]
+        if _prefer_ghost(lay, chunk, io, strategy):
+            pairs = [self.patches(lay, a, g) for a, g in io]  # several calls: T positions each
+            A, B = (torch.cat(t, 1) if len(io) > 1 else t[0] for t in zip(*pairs, strict=True))
+            chunk.sq += _ghost_sq(A, B)
+            choice = "ghost"
+        else:
+            G = _total(self.per_example(lay, a, g) for a, g in io)
+            if lay.shared or chunk.keep(G):
+                chunk.add(name, G)
+                return "materialize"
+            chunk.sq += _sq_norms(G)
+            choice = "materialize"
+        chunk.later.append((name, functools.partial(_book, lay, io)))
+        return choice
+
+
+@register_rule(nn.Linear)
+class LinearRule(_MatmulRule):
+    """A Linear on (b, d) or (b, ..., d) input: T = the positions of the leading dimensions."""
+
+    def dims(self, lay, a, g):
+        w = lay.params["weight"]
+        return a.numel() // (a.shape[0] * w.shape[1]), w.shape[1], w.shape[0]
+
+    def patches(self, lay, a, g):
+        b = g.shape[0]
+        return a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
+
+    def per_example(self, lay, a, g):
+        b, shape = g.shape[0], lay.params["weight"].shape
+        A, B = self.patches(lay, a, g)
+        return torch.bmm(B.mT, A).view(b, *shape)
+
+    def summed(self, lay, a, g):
+        A, B = self.patches(lay, a, g)
+        return torch.tensordot(B, A, dims=([0, 1], [0, 1])).view(lay.params["weight"].shape)
+
+    def bias_grad(self, lay, g):
+        return g.reshape(g.shape[0], -1, g.shape[-1]).sum(1)
+
+
+@register_rule(nn.Conv2d)
+class Conv2dRule(_MatmulRule):
+    """A Conv2d: T = its output positions, d = C_in*kh*kw (the input unfolded into patches)."""
+
+    def dims(self, lay, a, g):
+        w = lay.params["weight"]
+        return g[0, 0].numel(), w[0].numel(), w.shape[0]
+
+    def patches(self, lay, a, g):
+        m = lay.module
+        a, pad = _conv_in(m, a)
+        unf = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=pad, stride=m.stride)
+        return unf.mT, g.flatten(2).mT
+
+    def per_example(self, lay, a, g):
+        """The weight gradient of a convolution with the batch folded into the channels
+        (``groups * k`` groups for k examples)."""
+        b, m, shape = g.shape[0], lay.module, lay.params["weight"].shape
+        a, pad = _conv_in(m, a)
+        if not g.is_cuda and m.groups == 1 and shape[1] <= _FEW_CHANNELS:
+            return _per_example_few_channels(m, a, g, pad)
+        G = g.new_empty(b, *shape)
+        k = b if g.is_cuda else max(1, _CPU_BLOCK_BYTES // (shape.numel() * g.element_size()))
+        for s in range(0, b, k):
+            ak, gk = a[s : s + k], g[s : s + k]
+            n = ak.shape[0]
+            G[s : s + n] = torch.nn.grad.conv2d_weight(
+                ak.reshape(1, -1, *a.shape[2:]), (n * shape[0], *shape[1:]),
+                gk.reshape(1, -1, *g.shape[2:]), m.stride, pad, m.dilation, m.groups * n,
+            ).view(n, *shape)  # fmt: skip
+        return G
+
+    def summed(self, lay, a, g):
+        m, shape = lay.module, lay.params["weight"].shape
+        a, pad = _conv_in(m, a)
+        return torch.nn.grad.conv2d_weight(a, shape, g, m.stride, pad, m.dilation, m.groups)
+
+    def bias_grad(self, lay, g):
+        return g.sum((2, 3))
+
+    def ghost_ok(self, lay):
+        return super().ghost_ok(lay) and lay.module.groups == 1
+
+
+@register_rule(nn.GroupNorm, nn.LayerNorm)
+class NormRule(LayerRule):
+    """Affine GroupNorm/LayerNorm: ``grad_w(i) = sum_pos xhat_i B_i``, ``grad_b(i) = sum_pos B_i``."""
+
+    def process(self, lay: _Layer, chunk: _Chunk, strategy: str) -> str:
+        m = lay.module
+        for call in lay.calls:
+            a, gout = _input(call), call.grads[0]
+            if gout is None:
+                continue
+            if isinstance(m, nn.GroupNorm):  # (b, C, *spatial), parameters of shape (C,)
+                xhat, dims = F.group_norm(a, m.num_groups, eps=m.eps), tuple(range(2, a.dim()))
+            else:  # (b, *lead, *normalized_shape), parameters of shape normalized_shape
+                xhat = F.layer_norm(a, m.normalized_shape, eps=m.eps)
+                dims = tuple(range(1, a.dim() - len(m.normalized_shape)))
+
+            def over(t: Tensor, dims=dims) -> Tensor:
+                return t.sum(dims) if dims else t
+
+            if "weight" in lay.params:
+                chunk.add(lay.names["weight"], over(xhat * gout))
+            if "bias" in lay.params:
+                chunk.add(lay.names["bias"], over(gout))
+        return "materialize"
 
 
 def _batched(t, b: int) -> bool:
@@ -459,7 +533,7 @@ def _unbatched(lay: _Layer):
 def _check_batched(lay: _Layer, b: int) -> None:
     """Every output of every call (and a supported layer's input) is batched, size b."""
     for call in lay.calls:
-        ins = [_input(call)] if lay.kind != "fallback" else []
+        ins = [_input(call)] if lay.rule.reads_input else []
         if not all(_batched(t, b) for t in (*ins, *call.outs)):
             _unbatched(lay)
 
@@ -490,17 +564,26 @@ def _fallback_call(lay: _Layer, call: _Call, b: int) -> dict[str, Tensor]:
     return vmap(one, in_dims=(None, 0, *in_dims))(params, cot, *inputs)
 
 
-def _fallback_layer(lay: _Layer, chunk: _Chunk) -> str:
-    """Any other module: materialize its per-example gradients (summed over calls)."""
-    for call in lay.calls:
-        if all(g is None for g in call.grads):
-            continue
-        for r, g in _fallback_call(lay, call, chunk.b).items():
-            chunk.add(lay.names[r], g)
-    return "fallback"
+class FallbackRule(LayerRule):
+    """Any other module: materialize its per-example gradients (summed over calls), by
+    :func:`_fallback_call`."""
+
+    reads_input = False
+
+    def process(self, lay: _Layer, chunk: _Chunk, strategy: str) -> str:
+        for call in lay.calls:
+            if all(g is None for g in call.grads):
+                continue
+            for r, g in _fallback_call(lay, call, chunk.b).items():
+                chunk.add(lay.names[r], g)
+        return "fallback"
+
+    # ----------------------------------------------------------------- the clipper
 
 
-# ----------------------------------------------------------------- the clipper
+FALLBACK = FallbackRule()
+
+
 class GhostClipper:
     """Clipped per-example gradient sums of a classifier, by book-keeping ghost clipping.
 
@@ -535,10 +618,10 @@ class GhostClipper:
         dev = next((p.device for p in self.model.parameters()), x.device)
         dtype = next((p.dtype for p in self.model.parameters()), torch.float32)
         sums: dict[str, Tensor] = {}
-        parts = []
+        parts: list[_ChunkResult] = []
         for s in range(0, x.shape[0], self.microbatch):
             part = self._chunk(layers, x[s : s + self.microbatch], y[s : s + self.microbatch], clip)
-            for n, g in part.pop().items():
+            for n, g in part.sums.items():
                 sums[n] = sums[n] + g if n in sums else g
             parts.append(part)
         flat = [
@@ -549,13 +632,14 @@ class GhostClipper:
         if not parts:  # an empty batch
             empty = x.new_zeros(0)
             return GhostResult(grad_sum, empty, empty, empty.bool(), empty.bool())
-        return GhostResult(grad_sum, *(torch.cat(c) for c in zip(*parts, strict=True)))
+        per = ("norms", "loss", "correct", "nonfinite")
+        return GhostResult(grad_sum, *(torch.cat([getattr(p, f) for p in parts]) for f in per))
 
     def per_example(self, x: Tensor, y: Tensor) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         """``(G, loss, correct)`` per micro-batch: the flat per-example gradients (b, p) in
         ``ParamLayout.of(model)`` order, from one forward and one backward (no vmap).
 
-        Every layer is materialized (:func:`_per_example` for Linear/Conv2d weights, the
+        Every layer is materialized (``per_example`` of the Linear/Conv2d rules, the
         closed forms of biases and norms, vmap of vjp for fallback modules); unused
         parameters get zero rows. Rows are not clipped or cleaned (GEP projects them).
         """
@@ -572,12 +656,7 @@ class GhostClipper:
         chunk = _Chunk(b, loss.new_zeros(b), keep_left=1 << 62)
         for lay in layers:
             _check_batched(lay, b)
-            if lay.kind in ("linear", "conv"):
-                _matmul_layer(lay, chunk, "materialize")
-            elif lay.kind == "norm":
-                _norm_layer(lay, chunk)
-            else:
-                _fallback_layer(lay, chunk)
+            lay.rule.process(lay, chunk, "materialize")
             lay.calls = []
         G = loss.new_empty(b, layout.dim)
         for name, off, n in zip(layout.names, layout.offsets, layout.numels, strict=True):
@@ -609,26 +688,20 @@ class GhostClipper:
         return loss.detach(), logits.detach()
 
     @torch.no_grad()
-    def _chunk(self, layers, x, y, clip) -> list:
-        """One micro-batch: [norms, loss, correct, nonfinite, {name: clipped sum}]."""
+    def _chunk(self, layers, x, y, clip) -> _ChunkResult:
+        """One micro-batch: its per-example by-products and clipped sums by parameter name."""
         loss, logits = self._forward(layers, x, y)
         chunk = _Chunk(x.shape[0], loss.new_zeros(x.shape[0]), self.keep_bytes)
         for lay in layers:
             _check_batched(lay, chunk.b)
-            if lay.kind in ("linear", "conv"):
-                choice = _matmul_layer(lay, chunk, self.strategy)
-            elif lay.kind == "norm":
-                choice = _norm_layer(lay, chunk)
-            else:
-                choice = _fallback_layer(lay, chunk)
-            self.choices[lay.name] = choice
+            self.choices[lay.name] = lay.rule.process(lay, chunk, self.strategy)
             lay.calls = []
         sq = chunk.sq + sum(_sq_norms(g) for g in chunk.mat.values())
         bad = ~torch.isfinite(loss) | ~torch.isfinite(sq)
         norms = torch.where(bad, 0.0, sq.sqrt())
         c = torch.where(bad, 0.0, clip_factors(norms, clip))
         sums = _bookkeep(chunk, c, bad if bool(bad.any()) else None)
-        return [norms, loss, logits.argmax(1) == y, bad, sums]
+        return _ChunkResult(norms, loss, logits.argmax(1) == y, bad, sums)
 
 
 def _sq_norms(g: Tensor) -> Tensor:

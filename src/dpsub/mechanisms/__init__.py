@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 from typing import Any
 
-_BASE = ("MECHANISMS", "Mechanism", "Phase", "StepContext", "StepResult", "register")
+_BASE = ("MECHANISMS", "Mechanism", "Phase", "Refit", "StepContext", "StepResult", "register")
 
 __all__ = [*_BASE, "build_mechanism"]
 

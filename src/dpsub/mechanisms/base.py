@@ -55,6 +55,25 @@ def register(name: str):
     return deco
 
 
+@dataclass
+class Refit:
+    """When a public quantity kept across steps (a basis, carriers) is recomputed.
+
+    Due at the first step (nothing fitted yet), then whenever ``every`` steps have passed
+    since the last fit (``every=0``: never again). ``last`` is the step of the last fit
+    (-1: none), saved in the mechanism's state.
+    """
+
+    every: int
+    last: int = -1
+
+    def due(self, step: int, current: object | None) -> bool:
+        return current is None or (self.every > 0 and step - self.last >= self.every)
+
+    def mark(self, step: int) -> None:
+        self.last = int(step)
+
+
 @dataclass(frozen=True)
 class Phase:
     """``steps`` steps whose noise multiplier is ``scale`` times the calibrated z."""

@@ -34,7 +34,7 @@ Privacy. The paper's Theorems 2-3 charge the step as DP-SGD with multiplier sigm
 because the *total* variance is unchanged. That is not a privacy guarantee: a Gaussian
 mechanism with covariance Sigma and L2 sensitivity C is exactly as private as an
 isotropic one with multiplier ``sqrt(lambda_min(Sigma)) / C`` (the worst neighbour
-shifts the output along the least noisy direction; METHODS.md). Since ``mean(s^2) = 1``,
+shifts the output along the least noisy direction; docs/methods.md). Since ``mean(s^2) = 1``,
 ``min s <= 1``, with equality only for equal eigenvalues. dpsub therefore runs DP-Hero
 with ``accounting = "measured"``: the ledger is charged ``z_rec = z min_layers min_i s_i``
 from the privatizer's noise records (the honest epsilon, on which the budget is
@@ -107,7 +107,7 @@ class DPHero(Mechanism):
     def step(self, x, y, ctx: StepContext) -> StepResult:
         blocks, s = self.noise_blocks()  # from W^(t-1), before this step's update
         clipped = self.engine.clipped_sum(x, y, self.opts.clip)
-        std = ctx.z * self.opts.clip
+        std = ctx.noise.std(ctx.z, self.opts.clip)
         noisy = ctx.noise.shaped(clipped.sum, std, blocks, "gradient")
         return StepResult(
             grad=noisy / ctx.expected_batch_size,

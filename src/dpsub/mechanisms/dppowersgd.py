@@ -35,7 +35,7 @@ class DPPowerSGD(Mechanism):
 
     def step(self, x, y, ctx: StepContext) -> StepResult:
         clipped = self.engine.clipped_sum(x, y, self.opts.clip)
-        std = 0.0 if ctx.z == 0 else ctx.z * self.opts.clip  # z=0: noise off (tests)
+        std = ctx.noise.std(ctx.z, self.opts.clip)
         noisy = ctx.noise.gaussian(clipped.sum, std, "gradient")
         return StepResult(
             grad=self.compress(noisy / ctx.expected_batch_size, ctx.rng),

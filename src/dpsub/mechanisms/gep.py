@@ -1,6 +1,6 @@
 """GEP and B-GEP: gradient embedding perturbation (Yu et al., ICLR 2021).
 
-Each step (``METHODS.md``, "GEP and B-GEP"):
+Each step (``docs/methods.md``, "GEP and B-GEP"):
 
 1. Anchor subspace. Per-example gradients ``G_a`` (m x p) of the auxiliary
    examples with (by default freshly drawn) random labels; per parameter group a
@@ -41,7 +41,8 @@ from contextlib import nullcontext
 import torch
 
 from dpsub.grads import BatchStats, ClippedAccumulator, ClippedResidualSum, ClipStats, finite_norms
-from dpsub.mechanisms.base import Mechanism, StepContext, StepResult, register
+from dpsub.mechanisms.base import Mechanism, Refit, StepContext, StepResult, register
+from dpsub.privacy import noise_std
 from dpsub.subspace import (
     GroupedBasis,
     GroupedPowerStep,
@@ -61,18 +62,17 @@ class GEP(Mechanism):
     def __init__(self, **options):
         super().__init__(**options)
         self.basis: GroupedBasis | None = None
-        self._basis_step = -1  # step of the last fit
-        self._fresh_step = -1  # step of the last fit from a random start
+        self.refit = Refit(self.opts.subspace_every)  # any fit
+        self.fresh = Refit(self.opts.refresh_every)  # a fit from a random start
 
     # ------------------------------------------------------------ privacy
     def noise_stds(self, z: float) -> tuple[float, float]:
         """(s1, s2): std of the embedding and residual noise at multiplier z."""
-        if z == 0:  # noise off (tests); avoids 0 * inf when clipping is off too
-            return 0.0, 0.0
         o = self.opts
         if self.release_residual:
-            return z * math.sqrt(2) * o.clip_embedding, z * math.sqrt(2) * o.clip_residual
-        return z * o.clip_embedding, 0.0
+            z2 = z * math.sqrt(2)
+            return noise_std(z2, o.clip_embedding), noise_std(z2, o.clip_residual)
+        return noise_std(z, o.clip_embedding), 0.0
 
     # ----------------------------------------------------------- subspace
     def setup(self, engine, aux=None) -> None:
@@ -96,7 +96,7 @@ class GEP(Mechanism):
         labels = self.aux.batch_labels(generator)
         low = self.opts.anchor_precision == "bf16"
         autocast = torch.autocast(self.aux.x.device.type, torch.bfloat16) if low else nullcontext()
-        if self.engine.dist is not None and self.engine.dist.active:  # split across ranks
+        if self.engine.distributed:  # split across ranks
             with autocast:
                 yield self.engine.public_gradients(self.aux.x, labels)
             return
@@ -139,15 +139,13 @@ class GEP(Mechanism):
 
     def current_basis(self, ctx: StepContext) -> GroupedBasis:
         """Refit every ``subspace_every`` steps; warm-started unless a refresh is due."""
-        o = self.opts
-        if self.basis is not None and ctx.step - self._basis_step < o.subspace_every:
+        if not self.refit.due(ctx.step, self.basis):
             return self.basis
-        refresh = o.refresh_every and ctx.step - self._fresh_step >= o.refresh_every
-        warm = o.warm_start and self.basis is not None and not refresh
+        warm = self.opts.warm_start and not self.fresh.due(ctx.step, self.basis)
         self.basis = self.fit_subspace(ctx.rng, start=self.basis if warm else None)
-        self._basis_step = ctx.step
+        self.refit.mark(ctx.step)
         if not warm:
-            self._fresh_step = ctx.step
+            self.fresh.mark(ctx.step)
         return self.basis
 
     # ---------------------------------------------------------------- step
@@ -216,21 +214,21 @@ class GEP(Mechanism):
     def state_dict(self) -> dict:
         return {
             "basis": None if self.basis is None else self.basis.state_dict(),
-            "basis_step": self._basis_step,
-            "fresh_step": self._fresh_step,
+            "basis_step": self.refit.last,
+            "fresh_step": self.fresh.last,
         }
 
     def load_state_dict(self, state: dict) -> None:
         b = state.get("basis")
         device = self.aux.x.device if self.aux is not None else None
         self.basis = None if b is None else GroupedBasis.from_state_dict(b, device=device)
-        self._basis_step = int(state.get("basis_step", -1))
-        self._fresh_step = int(state.get("fresh_step", self._basis_step))
+        self.refit.mark(state.get("basis_step", -1))
+        self.fresh.mark(state.get("fresh_step", self.refit.last))
 
 
 @register("bgep")
 class BGEP(GEP):
-    """Biased GEP: release only the noisy embedding (METHODS.md: s1 = z * S1)."""
+    """Biased GEP: release only the noisy embedding (docs/methods.md: s1 = z * S1)."""
 
     release_residual = False
 

@@ -1,7 +1,7 @@
 """PDP-SGD and RPDP-SGD: DP-SGD's noisy gradient projected onto a k-dim subspace.
 
 Zhou, Wu and Banerjee, "Bypassing the Ambient Dimension: Private SGD with Gradient
-Subspace Identification" (ICLR 2021), Algorithm 1; ``METHODS.md``, "PDP-SGD and
+Subspace Identification" (ICLR 2021), Algorithm 1; ``docs/methods.md``, "PDP-SGD and
 RPDP-SGD". Each step t:
 
 1. Release DP-SGD's noisy gradient: ``g~ = (sum_i clip(g_i, C) + N(0, z^2 C^2 I_p)) / B``
@@ -30,19 +30,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dpsub.mechanisms.base import Mechanism, StepContext, StepResult, register
-from dpsub.subspace import orthonormal_random_basis, power_iteration, top_eigvecs_from_gram
+from dpsub.mechanisms.base import Mechanism, Refit, StepContext, StepResult, register
+from dpsub.subspace import (
+    GroupedBasis,
+    orthonormal_random_basis,
+    power_iteration,
+    top_eigvecs_from_gram,
+)
 
 
-def project(basis: Tensor, v: Tensor) -> Tensor:
-    """``V^T V v`` for a (k, p) basis with orthonormal rows and a (p,) vector."""
-    return basis.T @ (basis @ v)
-
-
-def residual_fraction(basis: Tensor, v: Tensor) -> float:
+def residual_fraction(basis: GroupedBasis, v: Tensor) -> float:
     """``||v - V^T V v|| / ||v||`` (0 for a zero vector)."""
     norm = float(v.norm())
-    return float((v - project(basis, v)).norm()) / norm if norm > 0 else 0.0
+    return float((v - basis.project(v)).norm()) / norm if norm > 0 else 0.0
 
 
 @register("rpdpsgd")
@@ -52,7 +52,7 @@ class RPDPSGD(Mechanism):
     def __init__(self, **options):
         super().__init__(**options)
         self.basis: Tensor | None = None
-        self._basis_step = -1
+        self.refit = Refit(self.opts.subspace_every)
 
     def setup(self, engine, aux=None) -> None:
         super().setup(engine, aux)
@@ -72,10 +72,10 @@ class RPDPSGD(Mechanism):
         return next(self.engine.model.parameters()).device
 
     def current_basis(self, ctx: StepContext) -> tuple[Tensor, dict[str, float]]:
-        if self.basis is None or ctx.step - self._basis_step >= self.opts.subspace_every:
+        if self.refit.due(ctx.step, self.basis):
             self.basis, metrics = self.fit_basis(ctx)
             self.engine.broadcast_([self.basis])  # ranks: exactly rank 0's basis
-            self._basis_step = ctx.step
+            self.refit.mark(ctx.step)
             return self.basis, metrics
         return self.basis, {}
 
@@ -83,13 +83,14 @@ class RPDPSGD(Mechanism):
     def step(self, x, y, ctx: StepContext) -> StepResult:
         o = self.opts
         clipped = self.engine.clipped_sum(x, y, o.clip)
-        std = ctx.z * o.clip
+        std = ctx.noise.std(ctx.z, o.clip)
         noisy = ctx.noise.gaussian(clipped.sum, std, "gradient")  # DP-SGD's release
         metrics = {"noise_std": std, "projected": 0.0}
         if ctx.step < o.start_step:
             return StepResult(noisy / ctx.expected_batch_size, clipped.stats, metrics)
-        basis, fit_metrics = self.current_basis(ctx)
-        update = project(basis, noisy)  # post-processing of the release
+        V, fit_metrics = self.current_basis(ctx)
+        basis = GroupedBasis.single(V)  # one group: the whole flat vector
+        update = basis.project(noisy)  # post-processing of the release
         metrics.update(fit_metrics, projected=1.0)
         metrics["kept_norm_fraction"] = float(update.norm() / noisy.norm().clamp_min(1e-30))
         private = {}
@@ -103,12 +104,12 @@ class RPDPSGD(Mechanism):
     # --------------------------------------------------------------- state
     def state_dict(self) -> dict:
         basis = None if self.basis is None else self.basis.detach().cpu()
-        return {"basis": basis, "basis_step": self._basis_step}
+        return {"basis": basis, "basis_step": self.refit.last}
 
     def load_state_dict(self, state: dict) -> None:
         basis = state.get("basis")
         self.basis = None if basis is None else basis.to(self._device())
-        self._basis_step = int(state.get("basis_step", -1))
+        self.refit.mark(state.get("basis_step", -1))
 
 
 @register("pdpsgd")

@@ -1,6 +1,6 @@
 """RGP and RGP-random: reparametrized gradient perturbation (Yu et al., ICML 2021).
 
-Each step (Algorithm 1; ``METHODS.md``, "RGP, RGP-random, DP-PowerSGD"):
+Each step (Algorithm 1; ``docs/methods.md``, "RGP, RGP-random, DP-PowerSGD"):
 
 1. Carriers per weight matrix W (p x d): RGP runs K power iterations (Algorithm 2) on
    the historical update ``Delta = W_t - W_0``, or on ``W_t`` itself during the first
@@ -9,7 +9,7 @@ Each step (Algorithm 1; ``METHODS.md``, "RGP, RGP-random, DP-PowerSGD"):
    at random from ``ctx.rng``. Both use only public quantities: the initialization
    and the released updates.
 2. Per-example gradients of the carriers only, through the reparametrized network
-   ``W = L R + stop_grad(W - L R)`` (:class:`~dpsub.grads.lowrank.LowRankReparam`), plus
+   ``W = L R + stop_grad(W - L R)`` (:class:`~dpsub.subspace.reparam.LowRankReparam`), plus
    those of the small non-matrix parameters (biases, norm affines); ``vmap`` by default,
    ghost clipping of the carriers as plain layers with ``grads.backend=ghost``.
 3. Clip the concatenation of all of them to C per example: one ``Sensitive`` of
@@ -36,9 +36,9 @@ from abc import abstractmethod
 
 from torch import Tensor, nn
 
-from dpsub.grads.lowrank import Carriers, LowRankReparam
-from dpsub.mechanisms.base import Mechanism, StepContext, StepResult, register
+from dpsub.mechanisms.base import Mechanism, Refit, StepContext, StepResult, register
 from dpsub.subspace.lowrank import carrier_projection, power_carriers, random_carriers
+from dpsub.subspace.reparam import Carriers, LowRankReparam
 
 
 def classifier_weight(model) -> str:
@@ -55,11 +55,11 @@ class _CarrierMechanism(Mechanism):
     def __init__(self, **options):
         super().__init__(**options)
         self.carriers: Carriers | None = None
-        self._carrier_step = -1
+        self.refit = Refit(self.opts.carriers_every)
 
     def setup(self, engine, aux=None) -> None:
         super().setup(engine, aux)
-        if engine.backend == "opacus":
+        if not engine.strategy.any_target:
             raise ValueError(
                 f"mechanism={self.name} differentiates gradient carriers, which "
                 "grads.backend=opacus cannot; use grads.backend=vmap"
@@ -82,18 +82,18 @@ class _CarrierMechanism(Mechanism):
         """Orthonormal ``(L, R)`` for every weight matrix, from public quantities only."""
 
     def current_carriers(self, ctx: StepContext) -> Carriers:
-        if self.carriers is None or ctx.step - self._carrier_step >= self.opts.carriers_every:
+        if self.refit.due(ctx.step, self.carriers):
             self.carriers = self.fit_carriers(ctx)
             self.engine.broadcast_([t for pair in self.carriers.values() for t in pair])
-            self._carrier_step = ctx.step
+            self.refit.mark(ctx.step)
         return self.carriers
 
     def step(self, x, y, ctx: StepContext) -> StepResult:
         carriers = self.current_carriers(ctx)
-        ghost = self.engine.backend == "ghost"  # ghost clipping of the carriers, else vmap
+        ghost = self.engine.strategy.module_targets  # ghost clipping of the carriers
         target = (self.reparam.ghost_target if ghost else self.reparam.target)(carriers)
         clipped = self.engine.clipped_sum(x, y, self.opts.clip, target=target)
-        std = 0.0 if ctx.z == 0 else ctx.z * self.opts.clip  # z=0: noise off (tests)
+        std = ctx.noise.std(ctx.z, self.opts.clip)
         noisy = ctx.noise.gaussian(clipped.sum, std, "carriers")
         grad = self.reparam.reconstruct(noisy, target, carriers)
         every = self.opts.diagnostics_every
@@ -129,14 +129,14 @@ class _CarrierMechanism(Mechanism):
 
     # --------------------------------------------------------------- state
     def state_dict(self) -> dict:
-        return {"carriers": self.carriers, "carrier_step": self._carrier_step}
+        return {"carriers": self.carriers, "carrier_step": self.refit.last}
 
     def load_state_dict(self, state: dict) -> None:
         c, dev = state["carriers"], self.device
         self.carriers = (
             None if c is None else {n: (L.to(dev), R.to(dev)) for n, (L, R) in c.items()}
         )
-        self._carrier_step = int(state["carrier_step"])
+        self.refit.mark(state["carrier_step"])
 
 
 @register("rgp")

@@ -1,5 +1,7 @@
-"""Privacy: noise records (the privatizer), calibration, the privacy plan and the ledger."""
+"""Privacy: noise records (the privatizer), sampling, calibration, the plan, the ledger and
+the account that holds them for a run (:class:`~dpsub.privacy.account.PrivacyAccount`)."""
 
+from dpsub.privacy.account import PrivacyAccount  # noqa: E402  (after its parts)
 from dpsub.privacy.accountant import (
     ACCOUNTANTS,
     PrivacyLedger,
@@ -17,9 +19,11 @@ from dpsub.privacy.noise import (
     SeededNoise,
     Sensitive,
     effective_multiplier,
+    noise_std,
 )
 
 __all__ = [
+    "PrivacyAccount",
     "ACCOUNTANTS",
     "NoiseBlock",
     "NoiseRecord",
@@ -34,4 +38,5 @@ __all__ = [
     "effective_multiplier",
     "epsilon_for",
     "fixed_plan",
+    "noise_std",
 ]

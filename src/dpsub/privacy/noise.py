@@ -44,6 +44,7 @@ __all__ = [
     "SeededNoise",
     "Sensitive",
     "effective_multiplier",
+    "noise_std",
 ]
 
 
@@ -112,6 +113,15 @@ def effective_multiplier(records: Sequence[NoiseRecord]) -> float:
             return 0.0
         total += (r.sensitivity / r.std) ** 2
     return math.inf if total == 0 else 1.0 / math.sqrt(total)
+
+
+def noise_std(z: float, scale: float) -> float:
+    """``z * scale``, the std of multiplier ``z`` on a sensitivity (or clip bound) ``scale``.
+
+    ``z = 0`` (noise off, as in tests) gives 0 even for an infinite scale (clipping off
+    too), where ``0 * inf`` would be NaN; mechanisms never special-case it themselves.
+    """
+    return 0.0 if z == 0 else z * scale
 
 
 # ---------------------------------------------------------------- sources
@@ -184,6 +194,8 @@ class Privatizer:
     source: SeededNoise | SecureNoise
     reduce: Callable[[Tensor], Tensor] | None = None
     records: list[NoiseRecord] = field(default_factory=list)
+
+    std = staticmethod(noise_std)  # ``ctx.noise.std(z, clip)``: the std to ask for
 
     def begin_step(self) -> None:
         self.records = []

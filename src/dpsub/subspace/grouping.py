@@ -1,7 +1,7 @@
 """Parameter grouping and the split of a basis-vector quota across groups.
 
 GEP (Yu et al., ICLR 2021, Section 3.1 "parameter grouping" and Section 4; see
-``/work/shared/METHODS.md``, "GEP and B-GEP") computes one orthonormal anchor basis per
+``docs/methods.md``, "GEP and B-GEP") computes one orthonormal anchor basis per
 *group* of parameters instead of one basis for the whole flat vector: with groups of
 sizes p_1, ..., p_g and k_j basis vectors each, a power iteration costs
 2 m (k_1 p_1 + ... + k_g p_g) instead of 2 m k p (Algorithm 1, line 5).  The k basis

@@ -1,6 +1,6 @@
 """Orthonormal gradient subspaces: power method, grouped bases, projections.
 
-Notation of GEP (Yu et al., ICLR 2021, Section 3.1 and Algorithm 1; ``METHODS.md``,
+Notation of GEP (Yu et al., ICLR 2021, Section 3.1 and Algorithm 1; ``docs/methods.md``,
 "GEP and B-GEP"): rows are vectors.  Anchor gradients ``G_a`` (m x p), a basis ``B``
 (k x p) with orthonormal rows, private per-example gradients ``G`` (n x p).
 
@@ -236,7 +236,7 @@ def top_eigvecs_from_gram(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact top-k eigenvectors of ``M = (1/m) Ga^T Ga`` (d x d) via the m x m Gram matrix.
 
-    PDP-SGD (Zhou, Wu, Banerjee, ICLR 2021; ``METHODS.md``): ``V_k`` = top-k eigenvectors
+    PDP-SGD (Zhou, Wu, Banerjee, ICLR 2021; ``docs/methods.md``): ``V_k`` = top-k eigenvectors
     of the second-moment matrix ``M = (1/m) sum_i g_i g_i^T`` of m public gradients.  With
     m small (<= a few hundred) this is exact without forming M: if ``K = Ga Ga^T = U L
     U^T`` then ``Ga^T Ga (Ga^T u) = l (Ga^T u)`` and ``v = Ga^T u / sqrt(l)`` are the

@@ -3,19 +3,18 @@
 The trainer, ``scripts/bench.py`` and distributed training all use these two, so
 the step that is timed is the step that trains.
 
-Path of one step::
+Path of one step (the privacy policy is the account's: privacy/account.py)::
 
-    plan: multiplier z of this step  ->  (planned accounting) can the ledger afford it?
+    account.admit(step): can the budget afford the plan's multiplier z?
     sample a Poisson batch (on the device)
     mechanism.step: per-example gradients, clipping, noise through ctx.noise (recorded)
-    records -> effective multiplier z_rec; refuse the step if z_rec < z (PrivacyError)
-    ledger.step(z)   [secure mode: ledger persisted before the release can leave]
+    account.charge(records, z): refuse the step if the noise falls short (PrivacyError),
+        else charge the ledgers   [secure mode: ledger persisted before the release leaves]
     optimizer.step   (post-processing of the release)
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,26 +24,25 @@ from omegaconf import DictConfig, OmegaConf
 from dpsub.config import check_against_data
 from dpsub.data import DatasetBundle, load_dataset
 from dpsub.data.aux import AuxData, build_aux
-from dpsub.data.sampling import build_sampler, seeded_uniform
 from dpsub.data.validation import carve_validation
-from dpsub.errors import ConfigError, PrivacyError
+from dpsub.errors import ConfigError
 from dpsub.grads import GradEngine, auto_microbatch, check_private_model
 from dpsub.mechanisms import Mechanism, StepContext, StepResult, build_mechanism
 from dpsub.models import build_model, count_parameters
-from dpsub.privacy import (
-    PrivacyLedger,
-    PrivacyPlan,
-    Privatizer,
-    SecureNoise,
-    SeededNoise,
-    calibrate_plan,
-    fixed_plan,
-)
+from dpsub.privacy import Privatizer, SecureNoise, SeededNoise
+from dpsub.privacy.account import PrivacyAccount
+from dpsub.privacy.sampling import sample_rate, seeded_uniform
 from dpsub.training.distributed import SINGLE, BroadcastNoise, Dist, broadcast_uniform, device_for
 from dpsub.training.optim import build_optimizer, build_schedule
 
-#: Relative slack when comparing the records' multiplier with the plan (float rounding).
-REL_TOL = 1e-9
+
+def _of_account(name: str, settable: bool = False) -> property:
+    """``run.<name>``: the attribute of ``run.account`` (read-only unless ``settable``)."""
+
+    def setter(run: Run, value) -> None:
+        setattr(run.account, name, value)
+
+    return property(lambda run: getattr(run.account, name), setter if settable else None)
 
 
 @dataclass
@@ -58,15 +56,10 @@ class Run:
     model: torch.nn.Module
     engine: GradEngine
     mechanism: Mechanism
-    q: float
+    account: PrivacyAccount  # sampler, plan, ledgers, policy, q, B, N
     total_steps: int
-    z: float  # calibrated base multiplier (inf: non-private)
-    plan: PrivacyPlan | None
-    ledger: PrivacyLedger | None  # what the run is charged (honest)
-    nominal: PrivacyLedger | None  # measured-accounting mechanisms: the planned multipliers
     optimizer: torch.optim.Optimizer
     schedule: torch.optim.lr_scheduler.LRScheduler
-    sampler: object
     privatizer: Privatizer
     rng: torch.Generator  # public randomness handed to the mechanism
     generators: dict[str, torch.Generator]  # seeded generators saved in checkpoints
@@ -79,10 +72,14 @@ class Run:
     def secure(self) -> bool:
         return bool(self.privatizer.source.secure)
 
-    @property
-    def budget_ledger(self) -> PrivacyLedger | None:
-        """The ledger the budget is enforced on."""
-        return self.nominal if self.mechanism.accounting == "nominal" else self.ledger
+    # the account's parts, as the trainer, scripts and tests read them
+    q = _of_account("q")
+    z = _of_account("z")  # calibrated base multiplier (inf: non-private)
+    plan = _of_account("plan")
+    sampler = _of_account("sampler")
+    budget_ledger = _of_account("budget_ledger")
+    ledger = _of_account("ledger", settable=True)  # honest (a secure resume replaces it)
+    nominal = _of_account("nominal", settable=True)
 
 
 @dataclass
@@ -115,7 +112,7 @@ def load_data(cfg: DictConfig) -> DatasetBundle:
 
 
 def plan_steps(cfg: DictConfig, n_train: int) -> tuple[float, int]:
-    q = cfg.train.batch_size / n_train
+    q = sample_rate(cfg.train.batch_size, n_train)
     steps = max(1, round(cfg.train.epochs / q))
     if cfg.train.max_steps is not None:
         steps = min(steps, int(cfg.train.max_steps))
@@ -127,23 +124,16 @@ def _mechanism(cfg: DictConfig) -> Mechanism:
     return build_mechanism(options.pop("name"), **options)
 
 
-def _privacy(cfg: DictConfig, mechanism: Mechanism, q: float, steps: int):
-    """(z, plan, ledger, nominal ledger) for the mechanism's schedule."""
+def _account(cfg: DictConfig, mechanism: Mechanism, n: int, steps: int, uniform, device):
+    """The run's privacy account for the mechanism's schedule and policy."""
     p = cfg.privacy
-    if not mechanism.private:
-        return math.inf, None, None, None
-    phases = mechanism.phases(steps)
-    if p.noise_multiplier is not None:
-        z, plan = float(p.noise_multiplier), fixed_plan(float(p.noise_multiplier), q, phases)
-    else:
-        z, plan = calibrate_plan(p.epsilon, p.delta, q, phases, p.accountant)
-    honest_budget = math.inf if mechanism.accounting == "nominal" else p.epsilon
-    ledger = PrivacyLedger(p.delta, p.accountant, honest_budget, plan)
-    nominal = None
-    if mechanism.accounting != "planned":
-        nominal_budget = p.epsilon if mechanism.accounting == "nominal" else math.inf
-        nominal = PrivacyLedger(p.delta, p.accountant, nominal_budget, plan)
-    return z, plan, ledger, nominal
+    return PrivacyAccount.open(
+        n=n, batch_size=cfg.train.batch_size, steps=steps,
+        phases=mechanism.phases(steps) if mechanism.private else None,
+        policy=mechanism.accounting, epsilon=p.epsilon, delta=p.delta,
+        accountant=p.accountant, noise_multiplier=p.noise_multiplier,
+        sampling=p.sampling, uniform=uniform, device=device,
+    )  # fmt: skip
 
 
 def build_run(cfg: DictConfig, data: DatasetBundle | None = None, dist: Dist = SINGLE) -> Run:
@@ -173,10 +163,8 @@ def build_run(cfg: DictConfig, data: DatasetBundle | None = None, dist: Dist = S
     microbatch = cfg.grads.microbatch
     if microbatch == "auto":
         microbatch = auto_microbatch(count_parameters(model), cfg.train.batch_size, device)
-    engine = GradEngine(
-        model, microbatch, cfg.grads.backend, compile=cfg.grads.get("compile", False)
-    )
-    engine.dist = dist if dist.active else None
+    compile_ = cfg.grads.get("compile", False)
+    engine = GradEngine(model, microbatch, cfg.grads.backend, compile=compile_, dist=dist)
     engine.amp = torch.bfloat16 if cfg.train.get("amp") == "bf16" else None
     mechanism = _mechanism(cfg)
     if mechanism.private:
@@ -186,8 +174,7 @@ def build_run(cfg: DictConfig, data: DatasetBundle | None = None, dist: Dist = S
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
-    q, total_steps = plan_steps(cfg, n_train)
-    z, plan, ledger, nominal = _privacy(cfg, mechanism, q, total_steps)
+    _, total_steps = plan_steps(cfg, n_train)
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, cfg.optim)
@@ -211,59 +198,30 @@ def build_run(cfg: DictConfig, data: DatasetBundle | None = None, dist: Dist = S
             BroadcastNoise(source, dist),
             broadcast_uniform(uniform, dist, device, draws),
         )
-    sampler = build_sampler(cfg.privacy.sampling, n_train, cfg.train.batch_size, uniform, device)
+    account = _account(cfg, mechanism, n_train, total_steps, uniform, device)
     privatizer = Privatizer(source, reduce=dist.all_reduce if dist.active else None)
     return Run(
         cfg=cfg, device=device, data=data, aux=aux, model=model, engine=engine,
-        mechanism=mechanism, q=q, total_steps=total_steps, z=z, plan=plan, ledger=ledger,
-        nominal=nominal, optimizer=optimizer, schedule=schedule, sampler=sampler,
-        privatizer=privatizer, rng=gens["public"], generators=gens, dist=dist,
+        mechanism=mechanism, account=account, total_steps=total_steps, optimizer=optimizer,
+        schedule=schedule, privatizer=privatizer, rng=gens["public"], generators=gens, dist=dist,
     )  # fmt: skip
 
 
 # ---------------------------------------------------------------------- step
-def _charge(run: Run, z: float, z_rec: float) -> float | None:
-    """What the ledger is charged for this step; None if the budget refuses it."""
-    mech = run.mechanism
-    if not run.privatizer.records:
-        raise PrivacyError(
-            f"mechanism {mech.name}: released a gradient without drawing noise through ctx.noise"
-        )
-    if mech.accounting == "planned":
-        if not z_rec >= z * (1 - REL_TOL):
-            raise PrivacyError(
-                f"mechanism {mech.name}, step {run.step}: the noise drawn gives multiplier "
-                f"{z_rec:.6g}, less than the {z:.6g} the privacy plan charges; nothing was released"
-            )
-        return z
-    if not z_rec > 0:
-        raise PrivacyError(
-            f"mechanism {mech.name}, step {run.step}: some direction of the release got no noise"
-        )
-    z_budget = z if mech.accounting == "nominal" else z_rec
-    return z_rec if run.budget_ledger.can_step(z_budget, run.q) else None
-
-
 def train_step(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = False) -> StepOutcome:
     """Advance ``run`` by one step (``idx``: a given batch instead of a sampled one)."""
-    mech = run.mechanism
-    z = run.plan.multiplier_at(run.step) if run.plan is not None else math.inf
-    if mech.private and mech.accounting == "planned" and not run.ledger.can_step(z, run.q):
+    acct, noise = run.account, run.privatizer
+    z = acct.multiplier(run.step)
+    if not acct.admit(run.step):
         return StepOutcome(None, z, z, stopped_by_budget=True)
-    idx = run.dist.shard(run.sampler.sample() if idx is None else idx)
-    expected = run.cfg.train.batch_size
-    ctx = StepContext(run.step, run.total_steps, expected, z, run.privatizer, run.rng, diagnostics)
-    run.privatizer.begin_step()
-    res = mech.step(run.data.train_x[idx], run.data.train_y[idx], ctx)
-    z_rec = run.privatizer.effective_multiplier()
-    charged = math.inf
-    if mech.private:
-        charged = _charge(run, z, z_rec)
-        if charged is None:
-            return StepOutcome(None, z, z_rec, stopped_by_budget=True)
-        run.ledger.step(charged, run.q)
-        if run.nominal is not None:
-            run.nominal.step(z, run.q)
+    idx = run.dist.shard(acct.sampler.sample() if idx is None else idx)
+    ctx = StepContext(run.step, run.total_steps, acct.batch_size, z, noise, run.rng, diagnostics)
+    noise.begin_step()
+    res = run.mechanism.step(run.data.train_x[idx], run.data.train_y[idx], ctx)
+    charged = acct.charge(noise.records, z, who=f"mechanism {run.mechanism.name}, step {run.step}")
+    if charged is None:
+        return StepOutcome(None, z, noise.effective_multiplier(), stopped_by_budget=True)
+    if acct.private:
         for hook in run.on_release:  # secure mode: persist the ledger before anything leaves
             hook(run)
     if run.dist.active:  # every rank applies exactly rank 0's update
@@ -273,7 +231,7 @@ def train_step(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = Fa
     run.optimizer.step()
     run.schedule.step()
     run.step += 1
-    return StepOutcome(res, charged, z_rec)
+    return StepOutcome(res, charged, noise.effective_multiplier())
 
 
 def _reduce_stats(run: Run, res: StepResult) -> None:
@@ -296,9 +254,7 @@ def run_state(run: Run) -> dict:
         "model": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict(),
         "schedule": run.schedule.state_dict(),
-        "ledger": None if run.ledger is None else run.ledger.state_dict(),
-        "nominal": None if run.nominal is None else run.nominal.state_dict(),
-        "sampler": run.sampler.state_dict(),
+        **run.account.state_dict(),  # ledger, nominal, sampler
         "mechanism": run.mechanism.state_dict(),
         "rng": rng_state(run.generators),
         "noise_source": run.privatizer.source.state_dict(),
@@ -313,11 +269,7 @@ def load_run_state(run: Run, state: dict) -> None:
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
     run.schedule.load_state_dict(state["schedule"])
-    if state["ledger"] is not None:
-        run.ledger = PrivacyLedger.from_state_dict(state["ledger"])
-    if state.get("nominal") is not None:
-        run.nominal = PrivacyLedger.from_state_dict(state["nominal"])
-    run.sampler.load_state_dict(state["sampler"])
+    run.account.load_state_dict(state)
     run.mechanism.load_state_dict(state["mechanism"])
     clean, reseed = bool(state.get("clean", False)), f"{run.cfg.seed}:{int(state['step'])}"
     if not restore_rng(run.generators, state["rng"], clean=clean, reseed=reseed):

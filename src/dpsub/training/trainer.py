@@ -118,15 +118,7 @@ def epsilons(run: Run, exact: bool) -> dict[str, float]:
 
     ``exact``: with the configured accountant (PRV is slow: evaluations only); else RDP.
     """
-    if run.ledger is None:
-        return {"epsilon": math.inf}
-    acc = run.cfg.privacy.accountant
-    key = "epsilon" if exact or acc == "rdp" else "epsilon_rdp"
-    which = None if exact else "rdp"
-    out = {key: run.ledger.epsilon(which)}
-    if run.nominal is not None:
-        out[key.replace("epsilon", "epsilon_nominal")] = run.nominal.epsilon(which)
-    return out
+    return run.account.epsilons(exact)
 
 
 # ------------------------------------------------------------------ metrics
@@ -201,11 +193,9 @@ def _budget_below_one_step(run: Run, z: float) -> ConfigError:
 
 def _check_first_step(run: Run) -> None:
     """Planned accounting: a budget below the first step is known before anything is written."""
-    if run.step or run.plan is None or run.mechanism.accounting != "planned":
+    if run.step or run.account.admit(0):  # (admit: True unless planned and unaffordable)
         return
-    z = run.plan.multiplier_at(0)
-    if not run.ledger.can_step(z, run.q):
-        raise _budget_below_one_step(run, z)
+    raise _budget_below_one_step(run, run.account.multiplier(0))
 
 
 def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> list[str]:
@@ -331,7 +321,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
             "privacy.private_diagnostics=true: the logs hold unprivatized statistics of "
             "the private data; this run's outputs are NOT covered by its epsilon"
         )
-    if run.mechanism.accounting == "nominal":
+    if not run.account.covered_by_epsilon:
         log.warning(
             "mechanism.accounting=nominal: the budget is enforced on the paper's nominal "
             "epsilon, which is NOT a privacy guarantee; the honest epsilon is logged beside it"
@@ -443,7 +433,7 @@ def _finish(
         f"{run.data.eval_split}_accuracy": acc,
         f"{run.data.eval_split}_loss": loss,
         "stopped_by_budget": stopped_by_budget,
-        "covered_by_epsilon": not (private or mia) and run.mechanism.accounting != "nominal",
+        "covered_by_epsilon": not (private or mia) and run.account.covered_by_epsilon,
         **mia,
     }
     logger.summary(summary)

@@ -19,9 +19,15 @@ from collections.abc import Callable
 
 import torch
 
-SAMPLINGS = ("poisson", "shuffle")
+from dpsub.choices import SAMPLINGS
 
 Uniform = Callable[[int], torch.Tensor]
+
+
+def sample_rate(batch_size: int, n: int) -> float:
+    """``q = B / N``: the Poisson rate of an expected batch of B out of N examples (the one
+    definition: the plan, the sampler and the step count all use it)."""
+    return batch_size / n
 
 
 def seeded_uniform(generator: torch.Generator, device) -> Uniform:
@@ -69,7 +75,7 @@ class ShuffleSampler:
 
 def build_sampler(kind: str, n: int, batch_size: int, uniform: Uniform, device=None):
     if kind == "poisson":
-        return PoissonSampler(n, batch_size / n, uniform)
+        return PoissonSampler(n, sample_rate(batch_size, n), uniform)
     if kind == "shuffle":
         return ShuffleSampler(n, batch_size, uniform, device)
     raise ValueError(f"privacy.sampling must be one of {SAMPLINGS}, got {kind!r}")

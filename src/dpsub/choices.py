@@ -1,0 +1,19 @@
+"""The enumerations a config chooses from, torch-free.
+
+The config validator (:mod:`dpsub.config`) and the code that implements each choice import
+them from here, so a value the validator accepts always has an implementation (tests
+check each registry against its enumeration).
+"""
+
+#: ``grads.backend``: strategies in :data:`dpsub.grads.engine.BACKEND_CLASSES`.
+BACKENDS = ("vmap", "opacus", "ghost")
+#: ``privacy.sampling``: :func:`dpsub.privacy.sampling.build_sampler`.
+SAMPLINGS = ("poisson", "shuffle")
+#: ``privacy.accountant``: :mod:`dpsub.privacy.accountant`.
+ACCOUNTANTS = ("rdp", "prv")
+#: ``privacy.rng``: seeded (reproducible) or secure (``os.urandom``) randomness.
+RNGS = ("seeded", "secure")
+#: ``Mechanism.accounting``: :mod:`dpsub.privacy.account`.
+POLICIES = ("planned", "measured", "nominal")
+#: ``dataset.name``: one loader each in :data:`dpsub.data.datasets.LOADERS`.
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar10_subset", "svhn", "synthetic")
