@@ -251,6 +251,55 @@ MUTANTS = (
         "        if False:\n",
         ("tests/test_gpu_kit.py", "-k", "clean_checkpoint"),
     ),
+    Mutant(
+        "pate-gnmax-half-noise",
+        "src/dpsub/pate/aggregators.py",
+        "return counts + rng.normal(0.0, self.sigma, size=counts.shape)",
+        "return counts + rng.normal(0.0, 0.5 * self.sigma, size=counts.shape)",
+        ("tests/test_pate.py", "-k", "gnmax_noise_std"),
+    ),
+    Mutant(
+        "pate-lnmax-half-noise",
+        "src/dpsub/pate/aggregators.py",
+        "noisy = counts + rng.laplace(0.0, self.scale, size=counts.shape)",
+        "noisy = counts + rng.laplace(0.0, 0.5 * self.scale, size=counts.shape)",
+        ("tests/test_pate.py", "-k", "lnmax_noise"),
+    ),
+    Mutant(
+        "pate-threshold-half-noise",
+        "src/dpsub/pate/aggregators.py",
+        "if counts.max() + rng.normal(0.0, self.sigma1) < self.threshold:",
+        "if counts.max() + rng.normal(0.0, 0.5 * self.sigma1) < self.threshold:",
+        ("tests/test_pate.py", "-k", "confident_threshold"),
+    ),
+    Mutant(
+        "pate-refused-query-free",
+        "src/dpsub/pate/aggregators.py",
+        "return Answer(None, (self.check_record(),))",
+        "return Answer(None, ())",
+        ("tests/test_pate.py", "-k", "threshold"),
+    ),
+    Mutant(
+        "pate-gnmax-rdp-halved",
+        "src/dpsub/pate/accounting.py",
+        "return orders * record.sensitivity**2 / (2.0 * record.scale**2)",
+        "return orders * record.sensitivity**2 / (4.0 * record.scale**2)",
+        ("tests/test_pate.py", "-k", "numeric_composed or exact_gaussian"),
+    ),
+    Mutant(
+        "pate-data-dependent-without-min",
+        "src/dpsub/pate/accounting.py",
+        "out[mask] = np.minimum(out[mask], log_s / lam)",
+        "out[mask] = log_s / lam",
+        ("tests/test_pate.py", "-k", "data_dependent"),
+    ),
+    Mutant(
+        "pate-partition-drops-a-teacher",
+        "src/dpsub/pate/votes.py",
+        "teacher_of[perm] = np.arange(n_examples) % n_teachers",
+        "teacher_of[perm] = np.arange(n_examples) % max(1, n_teachers - 1)",
+        ("tests/test_pate.py", "-k", "partition"),
+    ),
 )
 
 
