@@ -20,14 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, stack_module_state, vmap
 
+from dpsub.pate.student import StudentOptions
+
 
 @dataclass(frozen=True)
-class TeacherOptions:
+class TeacherOptions(StudentOptions):
+    """The student's SGD options, plus how many teachers one vmap trains together."""
+
     epochs: int = 10
     batch_size: int = 32
-    lr: float = 0.05
-    momentum: float = 0.9
-    chunk: int = 50  # teachers trained together (one vmap)
+    chunk: int = 50
 
 
 def _teacher_seed(seed: int, t: int) -> int:
