@@ -300,6 +300,27 @@ MUTANTS = (
         "teacher_of[perm] = np.arange(n_examples) % max(1, n_teachers - 1)",
         ("tests/test_pate.py", "-k", "partition"),
     ),
+    Mutant(
+        "pate-teacher-sees-all-data",
+        "src/dpsub/pate/teachers.py",
+        "orders = [p[torch.randperm(len(p), generator=g)] for p, g in zip(parts, gens, strict=True)]",
+        "orders = [torch.randperm(int(torch.cat(parts).max()) + 1, generator=g) for g in gens]",
+        ("tests/test_pate_run.py", "-k", "vmapped"),
+    ),
+    Mutant(
+        "pate-resume-fresh-noise",
+        "src/dpsub/pate/run.py",
+        'rng.bit_generator.state = state["rng"]',
+        "pass",
+        ("tests/test_pate_run.py", "-k", "resume"),
+    ),
+    Mutant(
+        "pate-public-pool-overlaps-evaluation",
+        "src/dpsub/pate/pool.py",
+        "return np.arange(public_size), np.arange(public_size, n_test)",
+        "return np.arange(public_size), np.arange(public_size - 1, n_test)",
+        ("tests/test_pate.py", "-k", "overlaps"),
+    ),
 )
 
 
