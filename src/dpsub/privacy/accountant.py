@@ -226,15 +226,18 @@ def _rdp_curve(z: float, q: float) -> np.ndarray:
     return _RDP_CACHE[key]
 
 
-def _rdp_to_eps(rdp: np.ndarray, delta: float) -> float:
+def _rdp_to_eps(rdp: np.ndarray, delta: float, orders=DEFAULT_ORDERS) -> float:
     if not np.any(rdp):
         return 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        eps, _ = _rdp_analysis().get_privacy_spent(
-            orders=list(DEFAULT_ORDERS), rdp=rdp, delta=delta
-        )
+        eps, _ = _rdp_analysis().get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta)
     return float(eps)
+
+
+def rdp_to_epsilon(rdp, delta: float, orders=DEFAULT_ORDERS) -> float:
+    """(eps, delta) of an RDP curve over ``orders``: the conversion every ledger uses."""
+    return _rdp_to_eps(np.asarray(rdp, dtype=np.float64), delta, orders)
 
 
 @dataclass

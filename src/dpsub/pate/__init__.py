@@ -1,0 +1,13 @@
+"""PATE: private aggregation of teacher ensembles (Papernot et al. 2017, 2018).
+
+A different kind of mechanism from gradient perturbation: teachers trained without
+privacy on disjoint partitions of the private data vote on unlabeled public queries; a
+noisy aggregator answers some queries; a student learns from the answers only.
+
+* :mod:`dpsub.pate.votes`: the disjoint partition and the vote histograms (torch-free).
+* :mod:`dpsub.pate.aggregators`: LNMax, GNMax, Confident-GNMax (torch-free).
+* :mod:`dpsub.pate.accounting`: data-independent RDP (the run's epsilon) and the
+  data-dependent bound of the 2018 paper (reported, not a guarantee).
+* :mod:`dpsub.pate.teachers`, :mod:`dpsub.pate.student`, :mod:`dpsub.pate.cli`: the
+  ``dpsub-pate`` entry point (docs/pate.md).
+"""

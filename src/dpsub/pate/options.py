@@ -1,0 +1,47 @@
+"""``pate.*`` options (conf/pate/): checked torch-free, one line naming the key."""
+
+from __future__ import annotations
+
+from dpsub.errors import ConfigError
+from dpsub.pate.aggregators import AGGREGATORS
+
+KEYS = {
+    "aggregator", "teachers", "sigma1", "sigma2", "threshold", "laplace_scale", "public_size",
+    "max_queries", "checkpoint_every", "teacher", "student",
+}  # fmt: skip
+TEACHER_KEYS = {"epochs", "batch_size", "lr", "momentum", "chunk"}
+STUDENT_KEYS = {"epochs", "batch_size", "lr", "momentum"}
+NEEDS = {"lnmax": ("laplace_scale",), "gnmax": ("sigma2",), "confident": ("sigma1", "sigma2")}
+
+
+def _positive(value, key: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"{key}: must be > 0, got {value!r}")
+
+
+def check_options(p) -> None:
+    """Raise ConfigError on an unknown key or a bad value of ``pate``."""
+    for key in p:
+        if key not in KEYS:
+            raise ConfigError(f"pate.{key}: unknown key; valid keys: {', '.join(sorted(KEYS))}")
+    if p.aggregator not in AGGREGATORS:
+        raise ConfigError(f"pate.aggregator: must be one of {AGGREGATORS}, got {p.aggregator!r}")
+    for key in NEEDS[p.aggregator]:
+        _positive(p.get(key), f"pate.{key}")
+    if p.aggregator == "confident" and not isinstance(p.get("threshold"), int | float):
+        raise ConfigError(f"pate.threshold: must be a number, got {p.get('threshold')!r}")
+    for key in ("teachers", "public_size", "checkpoint_every"):
+        if not isinstance(p[key], int) or p[key] <= 0:
+            raise ConfigError(f"pate.{key}: must be a positive integer, got {p[key]!r}")
+    if p.max_queries is not None and (not isinstance(p.max_queries, int) or p.max_queries <= 0):
+        raise ConfigError(
+            f"pate.max_queries: must be null or a positive integer, got {p.max_queries!r}"
+        )
+    for group, keys in (("teacher", TEACHER_KEYS), ("student", STUDENT_KEYS)):
+        for key in p[group]:
+            if key not in keys:
+                raise ConfigError(
+                    f"pate.{group}.{key}: unknown key; valid keys: {', '.join(sorted(keys))}"
+                )
+            if key != "momentum":
+                _positive(p[group][key], f"pate.{group}.{key}")

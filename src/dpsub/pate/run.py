@@ -1,0 +1,117 @@
+"""One PATE run: teachers' votes, the noisy answers (budgeted), the student.
+
+Files in the run dir: ``config.yaml``, ``train.log``, ``metrics.jsonl``, ``summary.json``;
+``pate_state.json`` (the answered labels, the ledger and the aggregator's generator
+state, written atomically every ``pate.checkpoint_every`` queries) and
+``private/votes.npy`` (every teacher's label on every public query: computed from the
+private data WITHOUT noise; it never leaves the machine: do not share or commit it).
+
+Resume (``dpsub-pate resume=<run dir>``): the votes are read back, not recomputed, and
+the aggregation continues from the saved query with the saved generator state. Queries
+answered after the last save are replayed with the very same noise, so they get the same
+answers: no query is ever answered twice with fresh noise, and privacy is spent once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from dpsub.errors import ConfigError
+from dpsub.pate.accounting import PateLedger
+from dpsub.pate.aggregators import build_aggregator
+from dpsub.pate.votes import histograms, partition
+
+log = logging.getLogger("dpsub")
+STATE = "pate_state.json"
+VOTES = Path("private") / "votes.npy"
+DD_NOTE = (
+    "NOT a guarantee: computed from the private votes and released without smooth "
+    "sensitivity (Papernot et al. 2018); the run's epsilon is the data-independent one"
+)
+
+
+def split(cfg: DictConfig) -> tuple[DictConfig, DictConfig]:
+    """(the shared config, the pate options), both checked (ConfigError)."""
+    from dpsub.config import validate
+    from dpsub.pate.options import check_options
+
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    pate = cfg.pop("pate")
+    check_options(pate)
+    validate(cfg)
+    if cfg.privacy.rng != "seeded":
+        raise ConfigError("privacy.rng: dpsub-pate implements only seeded noise so far")
+    if cfg.dataset.get("validation_size") is not None:
+        raise ConfigError("dataset.validation_size: not implemented for dpsub-pate yet")
+    return cfg, pate
+
+
+def _save_state(run_dir: Path, state: dict) -> None:
+    tmp = run_dir / (STATE + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, run_dir / STATE)
+
+
+def compute_votes(cfg, pate, data, public_x, device) -> np.ndarray:
+    from dpsub.models import build_model
+    from dpsub.pate.teachers import TeacherOptions, teacher_votes
+
+    mcfg = OmegaConf.to_container(cfg.model, resolve=True)
+    name = mcfg.pop("name")
+
+    def make_model():
+        return build_model(name, data.in_shape, data.num_classes, **mcfg)
+
+    teacher_of = partition(len(data.train_y), pate.teachers, cfg.seed)
+    opts = TeacherOptions(**OmegaConf.to_container(pate.teacher))
+    x, y = data.train_x.to(device), data.train_y.to(device)
+    return teacher_votes(
+        make_model, x, y, teacher_of, pate.teachers, public_x.to(device), cfg.seed, opts,
+        cfg.train.eval_batch_size, log,
+    )  # fmt: skip
+
+
+def answer_queries(cfg, pate, votes: np.ndarray, num_classes: int, run_dir: Path, logger) -> dict:
+    """The budgeted aggregation loop, resumable from ``pate_state.json``."""
+    agg = build_aggregator(pate)
+    hist = histograms(votes, num_classes)
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xA66]))
+    state = {"next": 0, "labels": [], "done": False, "stopped_by_budget": False}
+    ledger = PateLedger(delta=cfg.privacy.delta, budget=cfg.privacy.epsilon)
+    if (run_dir / STATE).is_file():
+        state = json.loads((run_dir / STATE).read_text())
+        ledger = PateLedger.from_state_dict(state["ledger"])
+        rng.bit_generator.state = state["rng"]
+        log.info("pate: resumed at query %d (%d answered)", state["next"], len(state["labels"]))
+    last = min(len(hist), pate.max_queries or len(hist))
+
+    def save(done: bool) -> None:
+        state.update(done=done, ledger=ledger.state_dict(), rng=rng.bit_generator.state)
+        _save_state(run_dir, state)
+        logger.log({"queries": ledger.queries, "answered": ledger.answered,
+                    "epsilon": ledger.epsilon()}, ledger.queries)  # fmt: skip
+
+    while not state["done"] and state["next"] < last:
+        if not ledger.can_ask(agg.worst_case()):
+            state["stopped_by_budget"] = True
+            break
+        i = state["next"]
+        ans = agg(hist[i], rng)
+        ledger.record(ans.records, hist[i], ans.label is not None)
+        if ans.label is not None:
+            state["labels"].append([i, ans.label])
+        state["next"] = i + 1
+        if state["next"] % pate.checkpoint_every == 0:
+            save(done=False)
+    if not state["done"]:
+        save(done=True)
+    return {**state, "ledger": ledger}

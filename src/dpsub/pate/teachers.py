@@ -1,0 +1,106 @@
+"""Teachers: one non-private model per disjoint partition, trained in vmapped chunks.
+
+A chunk of teachers is one stacked set of parameters (``torch.func.stack_module_state``);
+``vmap`` over ``grad`` of ``functional_call`` gives every teacher its own gradient on its
+own mini-batch at once. Each teacher only ever sees its own partition
+(:func:`dpsub.pate.votes.members`), and its initialization and batch order come from a
+generator seeded by (seed, teacher index) alone, so a teacher is a function of its own
+examples: the vote histogram's sensitivity argument of :mod:`dpsub.pate.votes` holds.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, stack_module_state, vmap
+
+from dpsub.pate.student import StudentOptions
+
+
+@dataclass(frozen=True)
+class TeacherOptions(StudentOptions):
+    """The student's SGD options, plus how many teachers one vmap trains together."""
+
+    epochs: int = 10
+    batch_size: int = 32
+    chunk: int = 50
+
+
+def _teacher_seed(seed: int, t: int) -> int:
+    return int(np.random.SeedSequence([seed, 0x7EAC, t]).generate_state(1)[0])
+
+
+def _batches(parts, opts: TeacherOptions, gens, device):
+    """Per step, a (chunk, B) index tensor: each teacher's own examples, its own order."""
+    steps = math.ceil(max(len(p) for p in parts) / opts.batch_size)
+    orders = [p[torch.randperm(len(p), generator=g)] for p, g in zip(parts, gens, strict=True)]
+    for s in range(steps):
+        pos = torch.arange(s * opts.batch_size, (s + 1) * opts.batch_size)
+        yield torch.stack([o[pos % len(o)] for o in orders]).to(device)
+
+
+def train_chunk(
+    make_model: Callable[[], torch.nn.Module],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    parts: list[torch.Tensor],
+    first: int,
+    seed: int,
+    opts: TeacherOptions,
+) -> tuple[torch.nn.Module, dict, dict]:
+    """Train teachers ``first, first + 1, ...`` (one per part); (base, params, buffers)."""
+    models, gens = [], []
+    for t in range(first, first + len(parts)):
+        torch.manual_seed(_teacher_seed(seed, t))
+        models.append(make_model().to(x.device))
+        gens.append(torch.Generator().manual_seed(_teacher_seed(seed, t) + 1))
+    params, buffers = stack_module_state(models)
+    base = copy.deepcopy(models[0]).to("meta")
+
+    def loss(p, b, xb, yb):
+        return F.cross_entropy(functional_call(base, (p, b), (xb,)), yb)
+
+    per_teacher_grad = vmap(grad(loss))
+    velocity = {k: torch.zeros_like(v) for k, v in params.items()}
+    for _ in range(opts.epochs):
+        for idx in _batches(parts, opts, gens, x.device):
+            grads = per_teacher_grad(params, buffers, x[idx], y[idx])
+            with torch.no_grad():
+                for k in params:
+                    velocity[k].mul_(opts.momentum).add_(grads[k])
+                    params[k] = params[k] - opts.lr * velocity[k]
+    return base, params, buffers
+
+
+@torch.no_grad()
+def predict_chunk(base, params, buffers, queries: torch.Tensor, batch_size: int) -> np.ndarray:
+    """Labels (chunk, Q) of every teacher of the chunk on the public queries."""
+
+    def logits(p, b, xb):
+        return functional_call(base, (p, b), (xb,))
+
+    out = []
+    for i in range(0, queries.shape[0], batch_size):
+        xb = queries[i : i + batch_size]
+        out.append(vmap(logits, in_dims=(0, 0, None))(params, buffers, xb).argmax(-1))
+    return torch.cat(out, dim=1).cpu().numpy()
+
+
+def teacher_votes(make_model, x, y, teacher_of, n_teachers, queries, seed, opts, batch_size, log):
+    """Every teacher's predicted label on every query: (T, Q) int16."""
+    from dpsub.pate.votes import members
+
+    parts = [torch.as_tensor(m) for m in members(teacher_of, n_teachers)]
+    preds = []
+    for first in range(0, n_teachers, opts.chunk):
+        chunk = parts[first : first + opts.chunk]
+        base, params, buffers = train_chunk(make_model, x, y, chunk, first, seed, opts)
+        preds.append(predict_chunk(base, params, buffers, queries, batch_size))
+        log.info("teachers: %d / %d trained", first + len(chunk), n_teachers)
+    return np.concatenate(preds).astype(np.int16)

@@ -1,0 +1,116 @@
+"""dpsub-pate end to end on digits: teachers (vmap), budgeted answers, student, resume."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from dpsub.pate import run as pate_run
+from dpsub.pate.cli import run_pate
+from dpsub.pate.teachers import TeacherOptions, train_chunk
+from dpsub.train import CONF_DIR
+
+from conftest import REPO
+
+TINY = [
+    "pate.teachers=8", "pate.public_size=150", "pate.sigma2=3.0", "privacy.epsilon=40",
+    "pate.teacher.epochs=8", "pate.teacher.chunk=8", "pate.student.epochs=15",
+    "pate.checkpoint_every=5", "logger=disabled", "device=cpu",
+]  # fmt: skip
+
+
+def _cfg(*extra):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="dpsub_pate", overrides=[*TINY, *extra])
+
+
+def test_vmapped_teachers_equal_teachers_trained_alone():
+    """A teacher's weights depend only on its own partition and index (not its chunk)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 1, 8, 8), torch.randint(0, 3, (40,))
+    parts = [torch.arange(0, 20), torch.arange(20, 40)]
+
+    def make():
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
+
+    opts = TeacherOptions(epochs=2, batch_size=8, lr=0.1, chunk=2)
+    _, both, _ = train_chunk(make, x, y, parts, 0, 7, opts)
+    _, second, _ = train_chunk(make, x, y, parts[1:], 1, 7, opts)
+    x2 = x.clone()
+    x2[0] = 100.0  # change an example of teacher 0: teacher 1 is untouched
+    _, both2, _ = train_chunk(make, x2, y, parts, 0, 7, opts)
+    for k in both:
+        assert torch.allclose(both[k][1], second[k][0], atol=1e-5)
+        assert torch.equal(both[k][1], both2[k][1])
+        assert not torch.equal(both[k][0], both2[k][0])
+
+
+def test_pate_end_to_end_and_resume(tmp_path, monkeypatch):
+    full = run_pate(_cfg(), tmp_path / "full")
+    files = {p.name for p in (tmp_path / "full").iterdir()}
+    assert {"config.yaml", "summary.json", "metrics.jsonl", "train.log", "private"} <= files
+    summary = json.loads((tmp_path / "full" / "summary.json").read_text())
+    assert summary == full and summary["covered_by_epsilon"] is True
+    assert 0 < summary["epsilon"] <= 40.0 and summary["stopped_by_budget"]
+    assert summary["epsilon_data_dependent"] <= summary["epsilon"] + 1e-9
+    assert summary["answered"] == summary["queries"] > 0
+    assert summary["answered_label_accuracy"] > 0.3  # the noisy labels carry signal
+    assert summary["test_accuracy"] > 0.15  # above chance (10 classes)
+    assert "data-dependent epsilon" in (tmp_path / "full" / "train.log").read_text()
+    labels = json.loads((tmp_path / "full" / pate_run.STATE).read_text())["labels"]
+
+    # killed after 12 queries (last save at 10), then resumed
+    real = pate_run.build_aggregator
+
+    def dying(opts):
+        agg, calls = real(opts), [0]
+
+        def call(counts, rng):
+            calls[0] += 1
+            if calls[0] > 12:
+                raise KeyboardInterrupt
+            return agg(counts, rng)
+
+        return type("Dying", (), {"worst_case": agg.worst_case, "__call__": staticmethod(call)})()
+
+    monkeypatch.setattr(pate_run, "build_aggregator", dying)
+    with pytest.raises(KeyboardInterrupt):
+        run_pate(_cfg(), tmp_path / "killed")
+    saved = json.loads((tmp_path / "killed" / pate_run.STATE).read_text())
+    assert saved["next"] == 10 and not saved["done"]
+    monkeypatch.setattr(pate_run, "build_aggregator", real)
+    monkeypatch.setattr(pate_run, "compute_votes", lambda *a: pytest.fail("votes recomputed"))
+    resumed = run_pate(
+        OmegaConf.load(tmp_path / "killed" / "config.yaml"), tmp_path / "killed", True
+    )
+    again = json.loads((tmp_path / "killed" / pate_run.STATE).read_text())["labels"]
+    assert again == labels  # the same answers: the replayed queries drew the same noise
+    assert len({i for i, _ in again}) == len(again)  # no query answered twice
+    assert resumed["queries"] == full["queries"]
+    assert resumed["epsilon"] == pytest.approx(full["epsilon"])
+    assert np.array_equal(
+        np.load(tmp_path / "full" / pate_run.VOTES), np.load(tmp_path / "killed" / pate_run.VOTES)
+    )
+
+
+@pytest.mark.parametrize(
+    "arg,key",
+    [("pate.teachers=0", "pate.teachers"), ("pate.nope=1", "pate.nope"),
+     ("pate=nope", "pate"), ("privacy.epsilon=-1", "privacy.epsilon")],
+)  # fmt: skip
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, arg, key):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpsub.pate.cli", arg, f"out_dir={out}", "logger=disabled"],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert key in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not out.exists()
