@@ -36,6 +36,13 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "pate-data-dependent-epsilon-still-covered",
+        "src/dpsub/pate/cli.py",
+        '"covered_by_epsilon": not dd,',
+        '"covered_by_epsilon": True,',
+        ("tests/test_pate_run.py",),
+    ),
+    Mutant(
         "dpsgd-half-noise",
         "src/dpsub/mechanisms/dpsgd.py",
         "std = ctx.noise.std(ctx.z, self.opts.clip)",

@@ -39,6 +39,7 @@ LAYERS = {
     "stats": 0,  # intervals and tests over seeds (no torch)
     "studies": 7,  # the studies' tables rendered from run folders
     "gpu": 9,  # the GPU kit (staging, smoke, bench, table cells): drives the CLI
+    "pate": 9,  # PATE: teachers, aggregators, its own ledger and entry point
 }
 
 
