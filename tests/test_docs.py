@@ -1,0 +1,70 @@
+"""The documentation holds together: links resolve, nothing points outside the repository.
+
+README.md, docs/*.md and the results pages are read as a user reads them: every relative
+link (and its #anchor) must lead somewhere in the repository, no page may depend on a file
+outside it (a development machine's folders, a methods note that is not committed), and
+every `experiment=NAME` they show must exist in conf/experiment/.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+PAGES = sorted(
+    [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "results").rglob("*.md")]
+)
+#: what a page may not mention: folders of the development machine, uncommitted notes
+OUTSIDE = ("../shared", "/work/", "/home/", "METHODS.md")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {slug(m) for m in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+
+
+def links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return [t for t in LINK.findall(text) if not re.match(r"[a-z]+:", t)]  # not http(s), mailto
+
+
+def rel(page: Path) -> str:
+    return str(page.relative_to(REPO))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_relative_links_resolve(page):
+    for target in links(page):
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        assert dest.exists(), f"{rel(page)}: link to {target}: no such file"
+        assert REPO in dest.parents or dest == REPO, f"{rel(page)}: {target} leaves the repository"
+        if anchor and dest.suffix == ".md":
+            assert anchor in anchors(dest), f"{rel(page)}: link to {target}: no such heading"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_no_reference_outside_the_repository(page):
+    text = page.read_text()
+    found = [s for s in OUTSIDE if s in text]
+    assert not found, f"{rel(page)} mentions {found}: describe it in the repository's own docs"
+
+
+def test_named_experiments_exist():
+    names = {p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml")}
+    for page in [REPO / "README.md", *(REPO / "docs").glob("*.md")]:
+        for found in re.findall(r"experiment=([\w,]+)", page.read_text()):
+            for name in found.split(","):
+                if name.isidentifier() and not name.startswith("NAME"):
+                    assert name in names, f"{rel(page)}: experiment={name} does not exist"
