@@ -200,3 +200,18 @@ def test_a_validation_split_replaces_the_test_set_and_leaves_the_private_set():
     full = build_run(compose_cfg(*SYNTH))
     held = {tuple(r.tolist()) for r in full.data.train_x.flatten(1)[:, :6]}
     assert all(tuple(r.tolist()) in held for r in run.data.test_x.flatten(1)[:, :6])  # from train
+
+
+def test_a_key_added_later_and_left_off_is_not_a_change():
+    """A run saved before ``train.amp`` existed equals one with ``train.amp: null`` (reuse of
+    committed runs, resume); a key turned on, or any other difference, is still a change."""
+    from dpsub.training.checkpoint import changed_keys
+
+    saved = {"train": {"epochs": 1}, "privacy": {"epsilon": 2.0}}
+    assert changed_keys(saved, {**saved, "train": {"epochs": 1, "amp": None}}) == []
+    assert changed_keys(saved, {**saved, "train": {"epochs": 1, "flag": False}}) == []
+    assert changed_keys(saved, {**saved, "train": {"epochs": 1, "amp": "bf16"}}) == ["train.amp"]
+    assert changed_keys(saved, {"train": {"epochs": 1}, "privacy": {}}) == ["privacy.epsilon"]
+    assert changed_keys({"privacy": {"epsilon": None}}, {"privacy": {"epsilon": 0}}) == [
+        "privacy.epsilon"
+    ]

@@ -95,13 +95,29 @@ def may_change(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in RESUME_MAY_CHANGE)
 
 
+#: A key that a later version of dpsub added is "off" by default (null or false): a config
+#: saved before it existed and one that leaves it off are the same setting.
+_OFF = (None, False)
+
+
+def _same(x: Any, y: Any) -> bool:
+    if x is _ABSENT or y is _ABSENT:
+        other = y if x is _ABSENT else x
+        return other is _ABSENT or any(other is off for off in _OFF)
+    return x == y
+
+
+_ABSENT = object()
+
+
 def changed_keys(saved: dict, new: dict) -> list[str]:
-    """Keys whose values differ between two resolved configs and that a resume may not change."""
+    """Keys whose values differ between two resolved configs and that a resume may not change
+    (a key missing on one side equals null/false on the other: added later, left off)."""
     a, b = _flatten(saved), _flatten(new)
     return sorted(
         k
         for k in set(a) | set(b)
-        if a.get(k, "<absent>") != b.get(k, "<absent>") and not may_change(k)
+        if not _same(a.get(k, _ABSENT), b.get(k, _ABSENT)) and not may_change(k)
     )
 
 
