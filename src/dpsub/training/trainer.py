@@ -46,6 +46,7 @@ from dpsub.training.checkpoint import (
     data_fingerprint,
     journal_ledger,
     load_checkpoint,
+    lock_run_dir,
     save_checkpoint,
 )
 from dpsub.training.distributed import init_distributed
@@ -307,26 +308,30 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
     if not dist.main:
         log.setLevel(logging.WARNING)
     run = build_run(cfg, dist=dist)
-    notes = _start_or_resume(run, cfg, run_dir, resume)
-    _check_first_step(run)
-    detach_log = lambda: None  # noqa: E731
+    unlock = detach_log = lambda: None  # noqa: E731
     fresh = dist.main and not run_dir.exists()
-    if dist.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not resume:
-            OmegaConf.save(cfg, run_dir / CONFIG, resolve=True)
-        detach_log = attach_run_log(run_dir / LOG)
-    for line in notes:  # after attaching: train.log marks where a resumed run continues
-        (log.warning if line.startswith("secure") else log.info)(line)
+    if dist.main and (run_dir.is_dir() or not resume):  # one process per run dir, held
+        run_dir.mkdir(parents=True, exist_ok=True)  # from before the checkpoint is read
+        unlock = lock_run_dir(run_dir, "resume" if resume else "out_dir")
     try:
+        notes = _start_or_resume(run, cfg, run_dir, resume)
+        _check_first_step(run)
+        if dist.main:
+            if not resume:
+                OmegaConf.save(cfg, run_dir / CONFIG, resolve=True)
+            detach_log = attach_run_log(run_dir / LOG)
+        for line in notes:  # after attaching: train.log marks where a resumed run continues
+            (log.warning if line.startswith("secure") else log.info)(line)
         result = _loop(run, cfg, run_dir)
     except ConfigError:
         detach_log()
+        unlock()
         if fresh and run.step == 0:  # refused before its first step: leave nothing behind
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     finally:
         detach_log()
+        unlock()
     dist.shutdown()
     return result
 
