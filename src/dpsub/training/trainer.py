@@ -432,7 +432,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
         progress.close()
     tick()
     final_eval = (acc, loss) if run.step == run.total_steps and acc is not None else None
-    return _finish(run, cfg, run_dir, logger, checkpoint, stopped_by_budget, private, final_eval)
+    return _finish(run, cfg, run_dir, logger, checkpoint, stopped_by_budget, final_eval)
 
 
 def membership_inference(run: Run, cfg: DictConfig, logger) -> dict:
@@ -459,9 +459,7 @@ def run_timing(run: Run) -> dict[str, float]:
     return {"run_seconds": run.run_seconds, "steps_per_s": run.step / run.run_seconds}
 
 
-def _finish(
-    run, cfg, run_dir, logger, checkpoint, stopped_by_budget, private, final_eval
-) -> RunResult:
+def _finish(run, cfg, run_dir, logger, checkpoint, stopped_by_budget, final_eval) -> RunResult:
     """Checkpoint, evaluate (unless the loop just did), write the summary and the final line."""
     if not run.dist.main:
         nan = float("nan")
