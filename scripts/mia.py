@@ -9,8 +9,9 @@ private training examples (members) and as many held-out test examples (non-memb
 those an aux source took are excluded). Prints one line and writes RUN_DIR/mia.json.
 
 The success rate is computed from private data without noise: it is for the data
-holder's audit, not covered by the run's epsilon (mia.json says so). A missing run dir,
-config or checkpoint, or a changed dataset, is one line on stderr and exit code 2.
+holder's audit, not covered by the run's epsilon (mia.json says so, and so does the run's
+summary.json from then on, also after a resume). A missing run dir, config or checkpoint,
+or a changed dataset, is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ def load(run_dir: Path, data_root: str | None):
     return run, ckpt["state"]["step"]
 
 
+def uncover_summary(run_dir: Path) -> None:
+    """The run dir now holds an un-noised result: its summary says so (a resume keeps it so,
+    as the trainer treats a run dir with mia.json as uncovered)."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return
+    summary = json.loads(path.read_text())
+    reasons = summary.get("not_covered", [])
+    summary["not_covered"] = reasons + [r for r in ["membership_inference"] if r not in reasons]
+    summary["covered_by_epsilon"] = False
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
@@ -93,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         "covered_by_epsilon": False,  # computed from private data without noise
     }
     (args.run_dir / "mia.json").write_text(json.dumps(out, indent=2) + "\n")
+    uncover_summary(args.run_dir)
     print(
         f"{args.run_dir}: membership-inference success {100 * out['success']:.2f}% "
         f"(95% CI {100 * out['ci_low']:.2f}-{100 * out['ci_high']:.2f}, "

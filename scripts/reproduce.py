@@ -267,7 +267,8 @@ def train_size(cfg: DictConfig, cache: dict) -> int | str:
 
 def recorded_step_times(roots: list[Path], cfgs: dict[Path, DictConfig]) -> dict[str, float]:
     """timing key -> seconds per step measured by finished runs under ``roots`` (their
-    metrics.jsonl's steps_per_s, median over runs): the dry run's default estimate."""
+    summary.json's run-average steps_per_s, or older runs' per-window ones in metrics.jsonl,
+    median over runs): the dry run's default estimate."""
     want = {timing_key(c) for c in cfgs.values()}
     seen: dict[str, list[float]] = {}
     for root in roots:
@@ -277,6 +278,9 @@ def recorded_step_times(roots: list[Path], cfgs: dict[Path, DictConfig]) -> dict
                 if key not in want:
                     continue
                 rates = [r["steps_per_s"] for r in run.metrics() if r.get("steps_per_s")]
+                if run.summary_path.is_file():  # newer runs: the run average only
+                    rates += [json.loads(run.summary_path.read_text()).get("steps_per_s") or 0]
+                rates = [r for r in rates if r]
             except Exception:  # noqa: BLE001 -- an old run's config may not compose: skip it
                 continue
             if rates:

@@ -152,6 +152,9 @@ def test_mia_script_on_a_finished_run(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads((run_dir / "mia.json").read_text())
     assert out["examples"] == 60 and out["covered_by_epsilon"] is False  # 100 - 40 test left
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["covered_by_epsilon"] is False  # the run dir now holds an un-noised result
+    assert summary["not_covered"] == ["membership_inference"]
     assert out["ci_low"] <= out["success"] <= out["ci_high"]
     assert "membership-inference success" in proc.stdout
 

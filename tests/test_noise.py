@@ -91,3 +91,36 @@ def test_secure_noise_is_standard_normal_and_not_reproducible():
     assert (a.double() ** 4).mean().item() == pytest.approx(3.0, rel=0.05)
     u = src.uniform(100_000, "cpu")
     assert 0 <= u.min() and u.max() < 1 and u.mean().item() == pytest.approx(0.5, abs=0.01)
+
+
+# ------------------------------------------------------------ independence
+# Moments alone miss a sampler whose coordinates are dependent (Box-Muller's second half
+# written as r*cos(theta+pi) gives pairs of exact negatives: adding two coordinates of a
+# release removes the noise). These check correlations: with n samples a correlation has
+# standard deviation 1/sqrt(n), and the bound is 6 of those (a false alarm over all the
+# pairs tested is below 1e-6; the broken samplers give |r| = 1).
+def _max_offdiagonal_correlation(rows: torch.Tensor) -> float:
+    c = torch.corrcoef(rows.double().T)
+    return (c - torch.diag(torch.diag(c))).abs().max().item()
+
+
+@pytest.mark.parametrize("source", ["secure", "seeded"])
+def test_noise_coordinates_are_uncorrelated(source):
+    src = SecureNoise() if source == "secure" else SeededNoise(torch.Generator().manual_seed(3))
+    n = 4000
+    for d in (16, 17):  # within one release of d coordinates (even and odd sizes)
+        rows = torch.stack([src.normal((d,), "cpu") for _ in range(n)])
+        assert _max_offdiagonal_correlation(rows) < 6 / n**0.5, d
+    # one large release: its two halves (Box-Muller's cosine and sine halves) and neighbours
+    for size in (200_000, 200_001):
+        z = src.normal((size,), "cpu").double()
+        m = size // 2
+        pairs = [(z[:m], z[m : 2 * m]), (z[:-1], z[1:]), (z[0::2][:m], z[1::2][:m])]
+        for a, b in pairs:
+            r = torch.corrcoef(torch.stack([a, b]))[0, 1].item()
+            assert abs(r) < 6 / m**0.5, (size, r)
+        # the noise on a sum of two coordinates has variance 2, not 0
+        assert (z[:m] + z[m : 2 * m]).var().item() == pytest.approx(2.0, rel=0.03)
+    # consecutive releases are independent of each other
+    a, b = src.normal((50_000,), "cpu").double(), src.normal((50_000,), "cpu").double()
+    assert abs(torch.corrcoef(torch.stack([a, b]))[0, 1].item()) < 6 / 50_000**0.5

@@ -180,3 +180,34 @@ def test_rdp_accounting_does_not_import_the_opacus_package():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_synced_ledger_save_is_durable_file_then_rename_then_directory(tmp_path, monkeypatch):
+    """fsync the file, rename it over the ledger, then fsync the directory: without the last,
+    a power loss after the rename can bring back the previous ledger (one step under-counted)."""
+    import os
+    import stat
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        events.append((f"fsync {kind}", os.fstat(fd).st_ino))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", None))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    led = PrivacyLedger(delta=DELTA, budget=4.0)
+    led.step(1.0, 0.1)
+    led.save(tmp_path / "ledger.json", sync=True)
+    assert [e for e, _ in events] == ["fsync file", "replace", "fsync dir"]
+    assert events[2][1] == os.stat(tmp_path).st_ino  # the ledger's own directory
+    assert events[0][1] == os.stat(tmp_path / "ledger.json").st_ino  # the file renamed in
+    events.clear()
+    led.save(tmp_path / "ledger.json")  # unsynced (seeded mode): no fsync at all
+    assert [e for e, _ in events] == ["replace"]

@@ -40,7 +40,6 @@ COVERED = {
     "test/loss",
     "lr",
     "z_eff",
-    "steps_per_s",
 }  # fmt: skip  (validation/* of tuning runs: held-out private examples, see data/validation.py)
 COVERED_MECH = {"mech/noise_std", "mech/noise_std_embedding", "mech/noise_std_residual"}
 

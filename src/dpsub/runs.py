@@ -154,7 +154,12 @@ class RunDir:
         return json.loads(p.read_text()) if p.is_file() else None
 
     def train_seconds(self) -> float:
-        """Training wall-clock from metrics.jsonl's steps_per_s (0 without it)."""
+        """Training wall-clock: summary.json's run_seconds, or for runs made before it
+        existed, metrics.jsonl's per-window steps_per_s (0 without either)."""
+        if self.summary_path.is_file():
+            seconds = json.loads(self.summary_path.read_text()).get("run_seconds")
+            if seconds is not None:
+                return float(seconds)
         total, last = 0.0, 0
         for row in self.metrics():
             if row.get("steps_per_s"):

@@ -335,7 +335,8 @@ class PrivacyLedger:
         }
 
     def save(self, path: Path, sync: bool = False) -> None:
-        """Write the ledger atomically (``sync``: fsync it, so a crash cannot lose it)."""
+        """Write the ledger atomically (``sync``: durably: fsync the file, rename it, fsync
+        the directory; a crash or power loss cannot lose it or bring back an older one)."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "w") as f:
@@ -344,6 +345,8 @@ class PrivacyLedger:
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
+        if sync:
+            fsync_dir(path.parent)
 
     @classmethod
     def load(cls, path: Path) -> PrivacyLedger:
@@ -362,6 +365,21 @@ class PrivacyLedger:
             eps_error=state.get("eps_error", 0.01),
             history=[(float(z), float(q), int(n)) for z, q, n in state["history"]],
         )
+
+
+def fsync_dir(directory: Path) -> None:
+    """fsync a directory, making a rename inside it durable (POSIX; skipped where a
+    directory cannot be opened or synced, e.g. on Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _is_prefix(history, phases) -> bool:

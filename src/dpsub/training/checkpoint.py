@@ -15,16 +15,24 @@ Resuming in ``privacy.rng=secure`` mode: the noise and sampling streams are secr
 not saved, so the steps after the checkpoint are drawn afresh: new releases. The
 ledger is then the one persisted before every release (``ledger.json``), which has
 counted every step that ever ran: a crash may over-count a step, never under-count.
+
+One process per run dir: the training process holds an exclusive lock on
+``<run_dir>/.lock`` (``fcntl.flock``, POSIX) from before it reads the checkpoint until
+it ends; a second run or resume of the same dir meanwhile fails with one line naming
+the holder's pid (two writers would interleave checkpoints and, in secure mode, the
+ledger, which could then count fewer releases than were made). The kernel releases the
+lock when the process ends, also on ``kill -9``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpsub.errors import ResumeError
+from dpsub.errors import ConfigError, ResumeError
 from dpsub.runs import CHECKPOINT
 
 if TYPE_CHECKING:  # torch and the accountant are imported where used: resume checks stay light
@@ -34,6 +42,7 @@ if TYPE_CHECKING:  # torch and the accountant are imported where used: resume ch
 
 CKPT_NAME = CHECKPOINT
 LEDGER_NAME = "ledger.json"
+LOCK_NAME = ".lock"
 
 #: Config keys a resume may change: they cannot change what a step releases or how it is
 #: accounted (where things are logged and how often, progress display, W&B settings).
@@ -62,6 +71,39 @@ def save_checkpoint(run_dir: Path, state: dict) -> Path:
     torch.save(state, tmp)
     os.replace(tmp, path)
     return path
+
+
+def lock_run_dir(run_dir: Path, key: str) -> Callable[[], None]:
+    """Take the run dir's exclusive lock for this process; returns the function that frees it.
+
+    ``key`` (``out_dir`` or ``resume``) starts the error's one line (ConfigError: exit 2)
+    when another process holds the lock. Where ``fcntl`` does not exist (Windows) there
+    is no lock.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        return lambda: None
+    fd = os.open(Path(run_dir) / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        error = ResumeError if key == "resume" else ConfigError
+        raise error(
+            f"{key}: {run_dir} is in use by another process (pid {holder}); wait for it to "
+            "end or stop it, then try again"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    held = [fd]
+
+    def release() -> None:
+        if held:
+            os.close(held.pop())  # closing the only descriptor releases the flock
+
+    return release
 
 
 def load_checkpoint(run_dir: Path, map_location="cpu") -> dict | None:

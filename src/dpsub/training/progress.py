@@ -1,12 +1,15 @@
 """What a person watching a run sees, and what ``train.log`` keeps.
 
-Every log step becomes one plain line (``step 200/1200 | epsilon 0.81 | test acc 91.2% |
-38.5 steps/s``) and every evaluation another, on the console and in the run's
+Every log step becomes one plain line (``step 200/1200 | epsilon 0.81 | test acc 91.2%``)
+and every evaluation another, on the console and in the run's
 ``train.log``. A tqdm bar is added only when ``train.progress`` is on *and* stderr is a
 terminal (redirected output and Slurm logs get plain lines, no carriage returns);
 the lines then print above the bar: while it is drawn, every console handler (the root
 logger's, which Hydra's ``job_logging`` installs, and any on ``dpsub``) writes through
 ``tqdm.write``, so each line appears once and the bar is redrawn below it.
+No line carries a step rate: over a log window it tracks the realized (private) Poisson
+batch sizes; the run average is in the final line (docs/privacy.md). With ``timing=False``
+(secure mode) the bar shows no rate or elapsed time either.
 """
 
 from __future__ import annotations
@@ -89,20 +92,24 @@ def console_above_bar():
 
 
 class Progress:
-    def __init__(self, total: int, initial: int, enabled: bool, split: str = "test"):
+    def __init__(
+        self, total: int, initial: int, enabled: bool, split: str = "test", timing: bool = True
+    ):
         self.total, self.split = total, split
         self.bar = None
         self._redirect = contextlib.ExitStack()
         if enabled and sys.stderr.isatty():
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, dynamic_ncols=True)
+            plain = "{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}"  # no rate, no times
+            fmt = None if timing else plain
+            self.bar = tqdm(total=total, initial=initial, dynamic_ncols=True, bar_format=fmt)
             self._redirect.enter_context(console_above_bar())
 
     def log(self, step: int, metrics: dict, acc: float | None) -> None:
         log.info(
-            "step %d/%d | epsilon %s | %s acc %s | %.1f steps/s",
-            step, self.total, _eps(metrics), self.split, _pct(acc), metrics.get("steps_per_s", 0.0),
+            "step %d/%d | epsilon %s | %s acc %s",
+            step, self.total, _eps(metrics), self.split, _pct(acc),
         )  # fmt: skip
 
     def evaluation(self, step: int, ev: dict) -> None:

@@ -67,6 +67,9 @@ class Run:
     dist: Dist = SINGLE  # this process's rank (training/distributed.py)
     step: int = 0
     on_release: list[Callable[[Run], None]] = field(default_factory=list)
+    #: why some output of the run is not covered by its epsilon (sticky: kept in checkpoints)
+    uncovered: list[str] = field(default_factory=list)
+    run_seconds: float = 0.0  # wall time of the training loops so far (checkpointed)
 
     @property
     def secure(self) -> bool:
@@ -260,6 +263,8 @@ def run_state(run: Run) -> dict:
         "noise_source": run.privatizer.source.state_dict(),
         "noise_multiplier": run.z,
         "secure": run.secure,
+        "uncovered": list(run.uncovered),
+        "run_seconds": run.run_seconds,
     }
 
 
@@ -275,3 +280,5 @@ def load_run_state(run: Run, state: dict) -> None:
     if not restore_rng(run.generators, state["rng"], clean=clean, reseed=reseed):
         run.privatizer.source.load_state_dict(state["noise_source"])
     run.step = int(state["step"])
+    run.uncovered = list(state.get("uncovered", []))
+    run.run_seconds = float(state.get("run_seconds", 0.0))

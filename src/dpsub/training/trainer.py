@@ -13,7 +13,11 @@ metrics computed from released or public quantities. Statistics of the private
 batches (training loss and accuracy, realized batch size, clip fractions, GEP's
 projection error...) are computed without noise; they are logged, under
 ``private/``, only with ``privacy.private_diagnostics=true``, and the run's summary
-then says that its outputs are not covered by its epsilon.
+then says that its outputs are not covered by its epsilon. That label is sticky
+(``Run.uncovered``, kept in checkpoints): no resume turns an uncovered run covered.
+Throughput is logged only as a run average (``summary.json``), never per log window:
+step times track the realized Poisson batch sizes; secure-mode runs log no timing
+at all (docs/privacy.md, "What epsilon does not cover").
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from dpsub.training.checkpoint import (
     data_fingerprint,
     journal_ledger,
     load_checkpoint,
+    lock_run_dir,
     save_checkpoint,
 )
 from dpsub.training.distributed import init_distributed
@@ -131,7 +136,6 @@ class Window:
         self.n = 0
         self.clipped = 0
         self.nonfinite = 0
-        self.t = time.perf_counter()
         self.steps = 0
 
     def add(self, out: StepOutcome) -> None:
@@ -155,11 +159,10 @@ class Window:
 
 
 def log_metrics(run: Run, out: StepOutcome, window: Window, mech: dict, private: bool) -> dict:
-    dt = time.perf_counter() - window.t
+    """A log line's metrics; no timing (a window's steps/s tracks its private batch sizes)."""
     metrics = {
         "lr": run.schedule.get_last_lr()[0],
         "z_eff": out.z_charged,
-        "steps_per_s": window.steps / dt if dt > 0 else 0.0,
         **epsilons(run, exact=False),
         **{f"mech/{k}": v for k, v in out.result.metrics.items()},
     }
@@ -219,6 +222,8 @@ def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> 
     check_resume(ckpt["config"], resolved, ckpt.get("data_fingerprint"), fp)
     load_run_state(run, ckpt["state"])
     notes = []
+    if (run_dir / "mia.json").exists():  # scripts/mia.py attacked the model: not covered
+        uncover(run, "membership_inference")
     if run.secure:  # fresh secret noise from here on: charge every step that ever ran
         journal = journal_ledger(run_dir)
         if journal is not None and journal.steps > run.ledger.steps:
@@ -233,6 +238,22 @@ def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> 
         "steps after it logged above are run again"
     )
     return notes
+
+
+def uncover(run: Run, reason: str) -> None:
+    """Mark the run's outputs as not covered by its epsilon (for good: checkpointed)."""
+    if reason not in run.uncovered:
+        run.uncovered.append(reason)
+
+
+def _uncovered_by_config(run: Run, private: bool) -> None:
+    """What the settings alone leave uncovered; marked before anything is logged."""
+    if private:
+        uncover(run, "private_diagnostics")
+    if not run.account.covered_by_epsilon:  # the budget is enforced on a nominal epsilon
+        uncover(run, "nominal_accounting")
+    if run.cfg.privacy.sampling == "shuffle" and run.mechanism.private:
+        uncover(run, "shuffle_sampling")  # its epsilon assumes Poisson sampling
 
 
 def _header(run: Run, logger) -> dict:
@@ -277,26 +298,30 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
     if not dist.main:
         log.setLevel(logging.WARNING)
     run = build_run(cfg, dist=dist)
-    notes = _start_or_resume(run, cfg, run_dir, resume)
-    _check_first_step(run)
-    detach_log = lambda: None  # noqa: E731
+    unlock = detach_log = lambda: None  # noqa: E731
     fresh = dist.main and not run_dir.exists()
-    if dist.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not resume:
-            OmegaConf.save(cfg, run_dir / CONFIG, resolve=True)
-        detach_log = attach_run_log(run_dir / LOG)
-    for line in notes:  # after attaching: train.log marks where a resumed run continues
-        (log.warning if line.startswith("secure") else log.info)(line)
+    if dist.main and (run_dir.is_dir() or not resume):  # one process per run dir, held
+        run_dir.mkdir(parents=True, exist_ok=True)  # from before the checkpoint is read
+        unlock = lock_run_dir(run_dir, "resume" if resume else "out_dir")
     try:
+        notes = _start_or_resume(run, cfg, run_dir, resume)
+        _check_first_step(run)
+        if dist.main:
+            if not resume:
+                OmegaConf.save(cfg, run_dir / CONFIG, resolve=True)
+            detach_log = attach_run_log(run_dir / LOG)
+        for line in notes:  # after attaching: train.log marks where a resumed run continues
+            (log.warning if line.startswith("secure") else log.info)(line)
         result = _loop(run, cfg, run_dir)
     except ConfigError:
         detach_log()
+        unlock()
         if fresh and run.step == 0:  # refused before its first step: leave nothing behind
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     finally:
         detach_log()
+        unlock()
     dist.shutdown()
     return result
 
@@ -305,6 +330,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     private = bool(cfg.privacy.private_diagnostics)
     main = run.dist.main
+    _uncovered_by_config(run, private)
     if run.secure and main:
         run.on_release.append(lambda r: r.ledger.save(run_dir / LEDGER_NAME, sync=True))
     logger = (
@@ -315,7 +341,10 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
     for k, v in _header(run, logger).items():
         log.info("%-16s %s", k, v)
     if cfg.privacy.sampling == "shuffle" and run.mechanism.private:
-        log.warning("privacy.sampling=shuffle: the reported epsilon assumes Poisson sampling")
+        log.warning(
+            "privacy.sampling=shuffle: the reported epsilon assumes Poisson sampling; this "
+            "run's outputs are NOT covered by it"
+        )
     if private:
         log.warning(
             "privacy.private_diagnostics=true: the logs hold unprivatized statistics of "
@@ -326,6 +355,11 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
             "mechanism.accounting=nominal: the budget is enforced on the paper's nominal "
             "epsilon, which is NOT a privacy guarantee; the honest epsilon is logged beside it"
         )
+
+    start, seconds_before = time.perf_counter(), run.run_seconds
+
+    def tick() -> None:  # the loop's wall time, summed over the run's processes
+        run.run_seconds = seconds_before + time.perf_counter() - start
 
     def checkpoint(clean: bool = False) -> None:  # clean: no step runs after it (stop, end)
         if not main:
@@ -341,7 +375,9 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
     stopped_by_budget = False
     acc = loss = None
     window, mech_private = Window(), {}
-    progress = Progress(run.total_steps, run.step, t.progress and main, run.data.eval_split)
+    progress = Progress(
+        run.total_steps, run.step, t.progress and main, run.data.eval_split, timing=not run.secure
+    )
     try:
         with _StopFlag() as stop:
             while run.step < run.total_steps:
@@ -370,8 +406,10 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
                     progress.evaluation(step, ev)
                 progress.update(step, epsilons(run, False).get("epsilon", math.inf), acc)
                 if t.checkpoint_every and step % t.checkpoint_every == 0:
+                    tick()
                     checkpoint()
                 if _stop_requested(run, stop):
+                    tick()
                     checkpoint(clean=True)
                     log.warning(
                         "signal %d: checkpoint saved at step %d; resume with resume=%s",
@@ -382,8 +420,9 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
                     raise Interrupted(128 + stop.signum)
     finally:
         progress.close()
+    tick()
     final_eval = (acc, loss) if run.step == run.total_steps and acc is not None else None
-    return _finish(run, cfg, run_dir, logger, checkpoint, stopped_by_budget, private, final_eval)
+    return _finish(run, cfg, run_dir, logger, checkpoint, stopped_by_budget, final_eval)
 
 
 def membership_inference(run: Run, cfg: DictConfig, logger) -> dict:
@@ -403,15 +442,22 @@ def membership_inference(run: Run, cfg: DictConfig, logger) -> dict:
     return result
 
 
-def _finish(
-    run, cfg, run_dir, logger, checkpoint, stopped_by_budget, private, final_eval
-) -> RunResult:
+def run_timing(run: Run) -> dict[str, float]:
+    """Run-average throughput (none in secure mode: timing tracks the private batch sizes)."""
+    if run.secure or run.run_seconds <= 0:
+        return {}
+    return {"run_seconds": run.run_seconds, "steps_per_s": run.step / run.run_seconds}
+
+
+def _finish(run, cfg, run_dir, logger, checkpoint, stopped_by_budget, final_eval) -> RunResult:
     """Checkpoint, evaluate (unless the loop just did), write the summary and the final line."""
     if not run.dist.main:
         nan = float("nan")
         return RunResult(
             run.step, nan, cfg.privacy.delta, run.z, nan, nan, run_dir, stopped_by_budget
         )
+    if OmegaConf.select(cfg, "eval.mia", default=False):
+        uncover(run, "membership_inference")  # before the result is written anywhere
     checkpoint(clean=True)
     p = cfg.privacy
     eps = epsilons(run, exact=True)
@@ -433,8 +479,10 @@ def _finish(
         f"{run.data.eval_split}_accuracy": acc,
         f"{run.data.eval_split}_loss": loss,
         "stopped_by_budget": stopped_by_budget,
-        "covered_by_epsilon": not (private or mia) and run.account.covered_by_epsilon,
+        "covered_by_epsilon": not run.uncovered,
+        "not_covered": list(run.uncovered),
         **mia,
+        **run_timing(run),
     }
     logger.summary(summary)
     logger.close()
@@ -442,8 +490,10 @@ def _finish(
     eps_txt = "inf (non-private)" if not math.isfinite(e) else f"{e:.4f}"
     if "epsilon_nominal" in eps:
         eps_txt += f" (nominal {eps['epsilon_nominal']:.4f})"
+    timing = run_timing(run)
+    speed = f" | {timing['steps_per_s']:.1f} steps/s (run average)" if timing else ""
     log.info(
-        f"final: {run.data.eval_split} accuracy %.2f%% | epsilon %s (delta=%s, %s, %s) | %d steps | noise multiplier %.4f | run dir %s",
+        f"final: {run.data.eval_split} accuracy %.2f%% | epsilon %s (delta=%s, %s, %s) | %d steps | noise multiplier %.4f{speed} | run dir %s",
         100 * acc,
         eps_txt,
         p.delta,

@@ -1,0 +1,90 @@
+"""What a run's summary says its epsilon covers, and the timing it logs (docs/privacy.md).
+
+``covered_by_epsilon`` is sticky: once a run wrote something its epsilon does not cover
+(un-noised diagnostics, a membership-inference result), no resume relabels it. Runs whose
+epsilon is no guarantee (shuffle sampling, nominal accounting) are uncovered from the start.
+Throughput tracks the realized Poisson batch sizes, so it is logged only as a run average,
+and a secure-mode run logs no timing at all.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dpsub.logging import read_metrics
+from dpsub.training.trainer import train
+
+from conftest import SYNTH, compose_cfg, run_cli
+
+SHORT = (*SYNTH, "train.max_steps=4", "train.log_every=1", "train.eval_every=2")
+
+
+def summary(run_dir) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_resuming_a_membership_inference_run_does_not_relabel_it_covered(tmp_path):
+    run_dir = tmp_path / "run"
+    train(compose_cfg(*SHORT, "eval.mia=true", "eval.mia_examples=50"), run_dir)
+    assert summary(run_dir)["covered_by_epsilon"] is False
+    # the real entrypoint, turning the attack off: the un-noised result stays in metrics.jsonl
+    proc = run_cli(f"resume={run_dir}", "eval.mia=false")
+    assert any("private/mia/success" in m for m in read_metrics(run_dir))
+    after = summary(run_dir)
+    assert after["covered_by_epsilon"] is False, proc.stderr[-2000:]
+    assert "membership_inference" in after["not_covered"]
+
+
+def test_a_covered_run_stays_covered_on_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    train(compose_cfg(*SHORT), run_dir)
+    assert summary(run_dir)["covered_by_epsilon"] is True
+    train(compose_cfg(*SHORT, "train.eval_every=0"), run_dir, resume=True)
+    assert summary(run_dir)["covered_by_epsilon"] is True
+    assert summary(run_dir)["not_covered"] == []
+
+
+def test_a_membership_inference_script_result_uncovers_a_resumed_run(tmp_path):
+    """scripts/mia.py writes mia.json into the run dir: a later resume stays uncovered."""
+    run_dir = tmp_path / "run"
+    train(compose_cfg(*SHORT), run_dir)
+    (run_dir / "mia.json").write_text('{"covered_by_epsilon": false}\n')
+    train(compose_cfg(*SHORT), run_dir, resume=True)
+    assert summary(run_dir)["covered_by_epsilon"] is False
+
+
+def test_shuffle_sampling_runs_are_not_covered(tmp_path):
+    """Their epsilon is computed as if sampling were Poisson: it is no guarantee."""
+    train(compose_cfg(*SHORT, "privacy.sampling=shuffle"), tmp_path / "shuffle")
+    s = summary(tmp_path / "shuffle")
+    assert s["covered_by_epsilon"] is False and s["not_covered"] == ["shuffle_sampling"]
+
+
+def test_throughput_is_a_run_average_never_per_window(tmp_path):
+    """steps/s over a log window tracks the realized (private) Poisson batch sizes."""
+    train(compose_cfg(*SHORT), tmp_path / "run")
+    assert not any("steps_per_s" in m for m in read_metrics(tmp_path / "run"))
+    s = summary(tmp_path / "run")
+    assert s["steps_per_s"] > 0 and s["run_seconds"] > 0
+    log = (tmp_path / "run" / "train.log").read_text()
+    step_lines = [line for line in log.splitlines() if "] step " in line]
+    assert len(step_lines) == 4 and not any("steps/s" in line for line in step_lines)
+
+
+def test_secure_mode_logs_no_timing(tmp_path):
+    train(compose_cfg(*SHORT, "privacy.rng=secure"), tmp_path / "run")
+    assert not any("steps_per_s" in m for m in read_metrics(tmp_path / "run"))
+    s = summary(tmp_path / "run")
+    assert "steps_per_s" not in s and "run_seconds" not in s
+    assert "steps/s" not in (tmp_path / "run" / "train.log").read_text()
+
+
+@pytest.mark.parametrize("key", ["steps_per_s", "run_seconds"])
+def test_run_average_timing_spans_the_whole_run_across_resumes(tmp_path, key):
+    run_dir = tmp_path / "run"
+    train(compose_cfg(*SHORT), run_dir)
+    first = summary(run_dir)[key]
+    train(compose_cfg(*SHORT), run_dir, resume=True)  # no step left: the totals carry over
+    assert summary(run_dir)[key] == pytest.approx(first, rel=1e-3)

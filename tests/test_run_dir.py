@@ -1,0 +1,94 @@
+"""One process per run dir (a lock), and the secure ledger on disk before a release leaves."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from itertools import pairwise
+
+import pytest
+import torch.optim.optimizer as optim_hooks
+from test_train_e2e import wait_for
+
+from dpsub.errors import ConfigError
+from dpsub.training.checkpoint import lock_run_dir
+from dpsub.training.trainer import train
+
+from conftest import REPO, SYNTH, cli_command, compose_cfg, run_cli
+
+fcntl = pytest.importorskip("fcntl")  # the lock is POSIX (skipped where it does not exist)
+
+
+def test_a_run_dir_in_use_is_refused_to_a_second_process(tmp_path):
+    """``resume=`` while the run is alive: one line naming the holder's pid, exit 2."""
+    run_dir = tmp_path / "run"
+    args, env = cli_command(
+        *SYNTH, "train.epochs=1000", "train.checkpoint_every=1", run_dir=run_dir
+    )
+    holder = subprocess.Popen(
+        args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for((run_dir / "checkpoint.pt").exists, holder, "the first checkpoint")
+        second = run_cli(f"resume={run_dir}", check=False)
+        assert holder.poll() is None, "the holder ended: the test proves nothing"
+        assert second.returncode == 2, second.stderr[-2000:]
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"pid {holder.pid}" in lines[0] and str(run_dir) in lines[0]
+        with pytest.raises(ConfigError, match=f"pid {holder.pid}"):  # and in this process
+            lock_run_dir(run_dir, "out_dir")
+    finally:
+        holder.send_signal(signal.SIGKILL)  # a crash, too, releases the lock
+        holder.wait(timeout=60)
+    release = lock_run_dir(run_dir, "resume")
+    release()
+
+
+def test_the_lock_is_held_until_released_and_names_its_holder(tmp_path):
+    release = lock_run_dir(tmp_path, "out_dir")
+    probe = (
+        "import sys; from dpsub.training.checkpoint import lock_run_dir\n"
+        "try:\n    lock_run_dir(sys.argv[1], 'resume')\nexcept Exception as e:\n"
+        "    print(e); sys.exit(2)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, cwd=REPO
+    )
+    assert proc.returncode == 2 and f"pid {os.getpid()}" in proc.stdout
+    release()
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_secure_ledger_is_fsynced_before_each_release_leaves_the_step(tmp_path, monkeypatch):
+    """Before the optimizer applies a release, ledger.json counts it and is on disk: the file
+    fsynced, renamed, the directory fsynced (a crash or power loss cannot lose the step)."""
+    synced = {"file": 0, "dir": 0}
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced["dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"] += 1
+        real_fsync(fd)
+
+    seen = []
+
+    def before_update(optimizer, args, kwargs):
+        ledger = json.loads((tmp_path / "ledger.json").read_text())
+        seen.append((sum(n for *_, n in ledger["history"]), dict(synced)))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    handle = optim_hooks.register_optimizer_step_pre_hook(before_update)
+    try:
+        train(compose_cfg(*SYNTH, "train.max_steps=3", "privacy.rng=secure"), tmp_path)
+    finally:
+        handle.remove()
+    assert [steps for steps, _ in seen] == [1, 2, 3]
+    for kind in ("file", "dir"):
+        counts = [c[kind] for _, c in seen]
+        assert all(b > a for a, b in pairwise([0, *counts])), (kind, counts)
