@@ -407,6 +407,82 @@ def test_cifar100_download(mono: DatasetBundle, tmp_path: Path, monkeypatch) -> 
     assert aux.x.shape == (4, 1, 28, 28)
 
 
+def _cifar100_npz(path: Path, n: int = 40, labels: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+    fine = rng.integers(0, 100, n)
+    np.savez(path, images=images, **({"labels": fine} if labels else {}))
+    return images, fine
+
+
+def test_cifar100_from_npz_path(rgb: DatasetBundle, tmp_path: Path) -> None:
+    """aux.path: the .npz's images, converted like the other sources, with their labels."""
+    images, fine = _cifar100_npz(tmp_path / "c100.npz")
+    cfg = {"name": "cifar100", "num_samples": 25, "path": str(tmp_path / "c100.npz")}
+    aux, out = build_aux(cfg, _fake_rgb32(rgb), root="unused", seed=0)
+    assert out.num_classes == 10 and aux.x.shape == (25, 3, 32, 32) and aux.y.shape == (25,)
+    pool = {im.transpose(2, 0, 1).tobytes(): int(lab) for im, lab in zip(images, fine, strict=True)}
+    for r, lab in zip(aux.x, aux.y, strict=True):
+        assert pool[(r * 255).round().to(torch.uint8).numpy().tobytes()] == lab.item()
+    data100 = _synthetic(tmp_path / "s", num_classes=100, n_train=200, n_test=100)
+    aux100, _ = build_aux({**cfg, "labels": "true"}, data100, "unused", 0)
+    assert aux100.x.shape == (25, 1, 28, 28)
+    assert torch.equal(aux100.batch_labels(torch.Generator()), aux100.y)
+    # the same pick as the natural source reading the same file: one conversion code
+    nat, _ = build_aux({**cfg, "name": "natural"}, data100, "unused", 0)
+    assert torch.equal(nat.x, aux100.x)
+
+
+def test_cifar100_npz_without_labels(mono: DatasetBundle, tmp_path: Path) -> None:
+    _cifar100_npz(tmp_path / "c100.npz", labels=False)
+    cfg = {"name": "cifar100", "num_samples": 5, "path": str(tmp_path / "c100.npz")}
+    aux, _ = build_aux(cfg, mono, "unused", 0)
+    assert aux.y is None and aux.x.shape == (5, 1, 28, 28)
+    data100 = _synthetic(tmp_path / "s", num_classes=100, n_train=200, n_test=100)
+    with pytest.raises(DataError, match=r"^aux\.labels: .*has no 'labels' array") as err:
+        build_aux({**cfg, "labels": True}, data100, "unused", 0)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("write", "fragment"),
+    [
+        (lambda p: np.savez(p, pictures=np.zeros((4, 8, 8, 3), np.uint8)), "no 'images' array"),
+        (lambda p: np.savez(p, images=np.zeros((4, 8, 8, 3), np.uint8), labels=np.full(4, 100)),
+         "'labels' must be 4 integers in [0, 100)"),
+        (lambda p: np.savez(p, images=np.zeros((4, 8, 8, 3), np.uint8), labels=np.zeros(3, int)),
+         "got int64 (3,)"),
+    ],
+    ids=["no-images", "label-out-of-range", "label-count"],
+)  # fmt: skip
+def test_cifar100_bad_npz(mono: DatasetBundle, tmp_path: Path, write, fragment) -> None:
+    path = tmp_path / "c100.npz"
+    write(path)
+    with pytest.raises(DataError) as err:
+        build_aux({"name": "cifar100", "num_samples": 2, "path": str(path)}, mono, "x", 0)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: ") and fragment in msg, msg
+
+
+def test_cifar100_npz_missing(mono: DatasetBundle, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.npz"
+    with pytest.raises(DatasetNotFoundError, match=f"aux.path={missing} is not a file"):
+        build_aux({"name": "cifar100", "path": str(missing)}, mono, root="x", seed=0)
+
+
+def test_cifar100_real_npz_with_true_labels(tmp_path: Path) -> None:
+    real = SHARED / "aux" / "cifar100_train_first10000.npz"
+    if not real.is_file():
+        pytest.skip(f"{real} not found (set DPSUB_DATA to the shared data folder)")
+    data100 = _synthetic(tmp_path, num_classes=100, channels=3, size=32, n_train=200, n_test=100)
+    cfg = {"name": "cifar100", "num_samples": 1000, "labels": True, "path": str(real)}
+    aux, _ = build_aux(cfg, data100, "unused", 0)
+    assert aux.x.shape == (1000, 3, 32, 32) and aux.labels == "true"
+    assert len(aux.y.unique()) > 90 and 0 <= aux.y.min() and aux.y.max() < 100
+    with np.load(real) as npz:
+        assert len(npz["fine_label_names"]) == 100 and len(npz["labels"]) == 10000
+
+
 # ------------------------------------------------------------------ gaussian
 
 
@@ -478,7 +554,7 @@ def test_conf_files_match_the_sources() -> None:
         assert opts.pop("name") == name
         assert set(opts) == set(AUX_SOURCES[name].defaults), name  # every option, nothing else
         for key, value in opts.items():
-            if key == "path":
+            if (name, key) == ("natural", "path"):
                 assert value == "/r/aux/tinyimagenet_val_32x32.npz"
             else:
                 assert value == AUX_SOURCES[name].defaults[key], (name, key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torchvision
 from omegaconf import OmegaConf
@@ -11,6 +12,7 @@ from omegaconf import OmegaConf
 from dpsub.data import DatasetNotFoundError, load_dataset
 from dpsub.data.aux import CIFAR100_FOLDER
 from dpsub.data.files import CIFAR100_TRAIN, DATASET_FILES, SVHN_FILES, check_files
+from dpsub.errors import DataError
 
 from conftest import SHARED, needs_shared
 
@@ -79,6 +81,18 @@ def test_aux_files(tmp_path):
     with pytest.raises(DatasetNotFoundError, match="cifar-100-python/train"):
         check_files(cfg(tmp_path, "digits", {"name": "cifar100", "download": False}))
     check_files(cfg(tmp_path, "digits", {"name": "cifar100", "download": True}))
+    # aux.path: an .npz instead of torchvision's layout; labels=true needs its 'labels'
+    c100 = tmp_path / "c100.npz"
+    with pytest.raises(DatasetNotFoundError, match=f"aux.path={c100} is not a file"):
+        check_files(cfg(tmp_path, "digits", {"name": "cifar100", "path": str(c100)}))
+    np.savez(c100, images=np.zeros((2, 32, 32, 3), np.uint8))
+    check_files(cfg(tmp_path, "digits", {"name": "cifar100", "path": str(c100)}))
+    with pytest.raises(DataError, match=r"c100\.npz: no 'labels' array, which aux\.labels=true"):
+        check_files(
+            cfg(tmp_path, "digits", {"name": "cifar100", "path": str(c100), "labels": True})
+        )
+    np.savez(c100, images=np.zeros((2, 32, 32, 3), np.uint8), labels=np.zeros(2, int))
+    check_files(cfg(tmp_path, "digits", {"name": "cifar100", "path": str(c100), "labels": True}))
     check_files(cfg(tmp_path, "digits", {"name": "gaussian"}))
 
 

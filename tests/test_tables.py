@@ -8,8 +8,10 @@ import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -298,6 +300,46 @@ def test_reproduce_skips_finished_jobs_and_reuses_identical_ones(tiny):
     for cid, pick in picks.items():
         link = base / "tuned" / f"{cid},seed=0"
         assert link.is_symlink() == (pick["lr"] == 1.0)
+
+
+@pytest.mark.slow  # four tiny real runs, then the rest of them (~1 min)
+def test_a_campaign_stopped_midway_finishes_only_its_missing_cells(tmp_path):
+    """A campaign killed after its first finished job (a work period ending); the next
+    invocation trains only the jobs without a summary and leaves finished ones untouched."""
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    args = (spec, "--setting", "tiny", "--out", tmp_path / "runs", "logger=disabled",
+            "train.progress=false")  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
+    argv = [sys.executable, str(SCRIPTS / "reproduce.py"), *map(str, args)]
+    paper = tmp_path / "runs" / "tiny" / "tiny" / "paper"
+    first = subprocess.Popen(argv, cwd=tmp_path, env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not list(paper.glob("*/summary.json")) and first.poll() is None:
+            assert time.monotonic() < deadline, "no job finished in 10 minutes"
+            time.sleep(0.1)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)  # the period ends: the whole campaign stops
+        first.wait()
+    done = {p.parent.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in paper.glob("*/summary.json")}  # fmt: skip
+    assert 1 <= len(done) < 4, sorted(done)  # stopped midway: some cells left
+
+    again = script("reproduce", *args, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    phase = [line for line in again.stdout.splitlines() if line.startswith("phase")]
+    assert phase == [f"phase 1 (paper setting): 4 jobs, {len(done)} finished or reused, "
+                     f"{4 - len(done)} to run"]  # fmt: skip
+    after = {p.parent.name: p for p in paper.glob("*/summary.json")}
+    assert len(after) == 4 and not any((paper / n).is_symlink() for n in after)
+    for name, (mtime, content) in done.items():  # the finished cells were not trained again
+        assert (after[name].stat().st_mtime_ns, after[name].read_bytes()) == (mtime, content)
+    newest_done = max(mtime for mtime, _ in done.values())
+    assert all(after[n].stat().st_mtime_ns > newest_done for n in set(after) - set(done))
+    third = script("reproduce", *args, cwd=tmp_path)
+    assert "4 jobs, 4 finished or reused, 0 to run" in third.stdout, third.stdout[-2000:]
 
 
 @pytest.mark.slow  # the tiny table's real runs (~1 min)

@@ -55,7 +55,7 @@ from dpsub.data.aux_options import (
 from dpsub.data.datasets import DatasetBundle
 from dpsub.data.readers import bad_file, read_cifar_batch, read_npz
 from dpsub.data.subsets import balanced_pick, random_pick
-from dpsub.errors import ConfigError, DatasetNotFoundError
+from dpsub.errors import ConfigError, DataError, DatasetNotFoundError
 
 __all__ = [
     "AUX_LOADERS",
@@ -205,30 +205,20 @@ def source(name: str) -> Callable[[_Loader], _Loader]:
     return register
 
 
-def _resolve_path(path: str | Path | None, root: Path) -> Path:
+def _resolve_path(path: str | Path | None, root: Path, default: str) -> Path:
     if path is None:
-        return root / NATURAL_DEFAULT_FILE
+        return root / default
     text = str(path)
     if "${data.root}" in text:  # an unresolved interpolation from a plain dict
         text = text.replace("${data.root}", str(root))
     return Path(text).expanduser()
 
 
-@source("natural")
-def _load_natural(
-    data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path,
-    path: str | Path | None = None,
-) -> _Sample:  # fmt: skip
-    file = _resolve_path(path, root)
-    if not file.is_file():
-        raise DatasetNotFoundError(
-            f"Auxiliary natural images not found: {file} (set by aux.path; default "
-            f"<data.root>/{NATURAL_DEFAULT_FILE}). Expected an .npz with key 'images': "
-            "uint8 RGB images of shape (n, H, W, 3), e.g. downsampled ImageNet (ImageNet32) "
-            "images; point aux.path at such a file, or set data.root to the folder that holds "
-            f"{NATURAL_DEFAULT_FILE}."
-        )
-    hint = "fix the file, or point aux.path at another one"
+def _read_image_npz(
+    file: Path, root: Path, hint: str, num_classes: int | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``images`` (n, H, W, C) uint8 of an .npz and, with ``num_classes``, its ``labels``
+    (n,) in [0, num_classes) when the file has them (else None)."""
     images = read_npz(file, root, ("images",), hint)["images"]
     if images.ndim == 3:
         images = images[..., None]
@@ -238,17 +228,76 @@ def _load_natural(
             f"got {images.dtype} {images.shape}"
         )
         raise bad_file(file, root, problem, hint)
+    if num_classes is None or "labels" not in _npz_keys(file):
+        return images, None
+    labels = read_npz(file, root, ("labels",), hint)["labels"]
+    ok = labels.shape == (len(images),) and np.issubdtype(labels.dtype, np.integer)
+    if not ok or (len(labels) and not 0 <= labels.min() <= labels.max() < num_classes):
+        problem = (
+            f"'labels' must be {len(images)} integers in [0, {num_classes}), "
+            f"got {labels.dtype} {labels.shape}"
+        )
+        raise bad_file(file, root, problem, hint)
+    return images, labels.astype(np.int64)
+
+
+def _npz_keys(file: Path) -> list[str]:
+    with np.load(file, allow_pickle=False) as npz:
+        return list(npz.files)
+
+
+def _pick_images(images: np.ndarray, idx: np.ndarray, data: DatasetBundle) -> torch.Tensor:
+    """Images ``idx`` of an (n, H, W, C) uint8 array, converted to the private data's form."""
+    x = torch.from_numpy(np.ascontiguousarray(images[idx])).permute(0, 3, 1, 2)
+    return convert_images(x, data.in_shape, data.mean, data.std)
+
+
+@source("natural")
+def _load_natural(
+    data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path,
+    path: str | Path | None = None,
+) -> _Sample:  # fmt: skip
+    file = _resolve_path(path, root, NATURAL_DEFAULT_FILE)
+    if not file.is_file():
+        raise DatasetNotFoundError(
+            f"Auxiliary natural images not found: {file} (set by aux.path; default "
+            f"<data.root>/{NATURAL_DEFAULT_FILE}). Expected an .npz with key 'images': "
+            "uint8 RGB images of shape (n, H, W, 3), e.g. downsampled ImageNet (ImageNet32) "
+            "images; point aux.path at such a file, or set data.root to the folder that holds "
+            f"{NATURAL_DEFAULT_FILE}."
+        )
+    images, _ = _read_image_npz(file, root, "fix the file, or point aux.path at another one")
     _check_count(num_samples, len(images), str(file))
     idx = random_pick(len(images), num_samples, generator).numpy()
-    x = torch.from_numpy(np.ascontiguousarray(images[idx])).permute(0, 3, 1, 2)
-    return convert_images(x, data.in_shape, data.mean, data.std), None, data
+    return _pick_images(images, idx, data), None, data
+
+
+def _load_cifar100_npz(
+    data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path, path
+) -> _Sample:
+    """aux.name=cifar100 with aux.path: CIFAR-100 images (and fine labels) from an .npz."""
+    file = _resolve_path(path, root, "")
+    if not file.is_file():
+        raise DatasetNotFoundError(
+            f"Auxiliary dataset CIFAR-100 (aux.name=cifar100) not found: aux.path={file} is "
+            "not a file; point aux.path at an .npz with 'images' (n, 32, 32, 3) uint8 and "
+            "'labels' (0-99), or set aux.path=null for torchvision's layout under data.root"
+        )
+    hint = "fix the file, or point aux.path at another one"
+    images, labels = _read_image_npz(file, root, hint, num_classes=100)
+    _check_count(num_samples, len(images), f"CIFAR-100 ({file})")
+    idx = random_pick(len(images), num_samples, generator).numpy()
+    y = None if labels is None else torch.from_numpy(labels[idx])
+    return _pick_images(images, idx, data), y, data
 
 
 @source("cifar100")
 def _load_cifar100(
     data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path,
-    download: bool = False,
+    path: str | Path | None = None, download: bool = False,
 ) -> _Sample:  # fmt: skip
+    if path is not None:
+        return _load_cifar100_npz(data, num_samples, generator, root, path)
     directory = root / CIFAR100_FOLDER
     train_file = "train"
 
@@ -356,6 +405,12 @@ def build_aux(cfg, data: DatasetBundle, root: str, seed: int):
         **o,
     )
     assert x.shape == (m, *data.in_shape), (x.shape, data.in_shape)
+    if labels == "true" and y is None:  # e.g. a cifar100 aux.path file without 'labels'
+        raise DataError(
+            f"aux.labels: 'true' but aux source {name} read no labels "
+            f"(aux.path={o.get('path')} has no 'labels' array); use random_per_step or "
+            "random_once, or a file with 'labels'"
+        )
     fixed = None
     if labels == "random_once":
         fixed = torch.randint(0, data.num_classes, (m,), generator=_generator(aux_seed, _LABELS))

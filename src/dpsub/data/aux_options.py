@@ -62,8 +62,10 @@ AUX_SOURCES: Mapping[str, AuxSource] = MappingProxyType({s.name: s for s in (
         f"<data.root>/{NATURAL_DEFAULT_FILE}), GEP's public data",
     ),
     AuxSource(
-        "cifar100", {**_COMMON, "download": False}, has_labels=True, num_classes=100,
-        summary="CIFAR-100 training images (<data.root>/cifar-100-python/train)",
+        "cifar100", {**_COMMON, "path": None, "download": False}, has_labels=True,
+        num_classes=100,
+        summary="CIFAR-100 training images (<data.root>/cifar-100-python/train, or aux.path: "
+        "an .npz with 'images' and, for labels=true, 'labels' 0-99)",
     ),
     AuxSource(
         "heldout_test", _COMMON, has_labels=True,

@@ -9,11 +9,12 @@ here equal to torchvision's. Nothing is checked when a download is asked for.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
 from dpsub.data.aux_options import NATURAL_DEFAULT_FILE
-from dpsub.errors import DatasetNotFoundError
+from dpsub.errors import DataError, DatasetNotFoundError
 
 __all__ = ["CIFAR100_TRAIN", "DATASET_FILES", "FIX_HINT", "check_files", "missing_dataset_files"]
 
@@ -72,21 +73,48 @@ def check_files(cfg: Any) -> None:
                 f"Dataset '{d.name}' not found: missing {', '.join(lost)} under {folder} "
                 f"(searched data root {root}). {FIX_HINT}"
             )
-    aux = cfg.get("aux") or {}
-    name = aux.get("name", "none")
+    _check_aux_files(cfg.get("aux") or {}, root)
+
+
+def _check_aux_files(aux: Any, root: Path) -> None:
+    """DataError naming the file (or its missing array) the aux source would read."""
+    name, path = aux.get("name", "none"), aux.get("path")
+    file = None if path is None else Path(str(path)).expanduser()
     if name == "natural":
-        path = aux.get("path")
-        file = root / NATURAL_DEFAULT_FILE if path is None else Path(str(path)).expanduser()
+        file = root / NATURAL_DEFAULT_FILE if file is None else file
         if not file.is_file():
             raise DatasetNotFoundError(
                 f"Auxiliary natural images not found: {file} (set by aux.path; default "
                 f"<data.root>/{NATURAL_DEFAULT_FILE}); point aux.path at an .npz of uint8 "
                 "images, or set data.root to the folder that holds it"
             )
-    if name == "cifar100" and not aux.get("download", False):
+    if name == "cifar100" and file is not None:
+        if not file.is_file():
+            raise DatasetNotFoundError(
+                f"Auxiliary dataset CIFAR-100 (aux.name=cifar100) not found: aux.path={file} "
+                "is not a file; point aux.path at an .npz with 'images' and 'labels', or set "
+                "aux.path=null for torchvision's layout under data.root"
+            )
+        if aux.get("labels") in (True, "true") and "labels" not in _npz_arrays(file):
+            raise DataError(
+                f"{file}: no 'labels' array, which aux.labels=true needs; use a file with "
+                "'labels' (0-99) or aux.labels=random_per_step"
+            )
+    elif name == "cifar100" and not aux.get("download", False):
         if not (root / CIFAR100_TRAIN).is_file():
             raise DatasetNotFoundError(
                 f"Auxiliary dataset CIFAR-100 (aux.name=cifar100) not found: missing "
                 f"{root / CIFAR100_TRAIN}; set data.root to the folder that holds "
-                "cifar-100-python/, or aux.download=true on a machine with internet access"
+                "cifar-100-python/, set aux.path to an .npz of CIFAR-100 images, or "
+                "aux.download=true on a machine with internet access"
             )
+
+
+def _npz_arrays(file: Path) -> set[str]:
+    """The array names of an .npz (a zip of NAME.npy), read without numpy; an unreadable
+    file gives none here and is reported by the loader."""
+    try:
+        with zipfile.ZipFile(file) as z:
+            return {n.removesuffix(".npy") for n in z.namelist()}
+    except (OSError, zipfile.BadZipFile):
+        return set()
