@@ -181,7 +181,7 @@ MUTANTS = (
     ),
     Mutant(
         "rgp-head-scale-dropped",
-        "src/dpsub/grads/lowrank.py",
+        "src/dpsub/subspace/reparam.py",
         "params = {**params, name: p.detach() + s * (p - p.detach())}",
         "params = {**params, name: p.detach() + (p - p.detach())}",
         ("tests/test_rgp.py", "-k", "authors_head"),
@@ -331,10 +331,10 @@ MUTANTS = (
     Mutant(
         "amp-clipped-sum-in-bf16",
         "src/dpsub/grads/engine.py",
-        "                    grads, (loss, correct) = self._per_example_fn(target)(params, xb, yb)\n"
+        "                grads, (loss, correct) = self.engine._per_example_fn(target)(params, xb, yb)\n"
+        "            acc.add(",
+        "                grads, (loss, correct) = self.engine._per_example_fn(target)(params, xb, yb)\n"
         "                acc.add(",
-        "                    grads, (loss, correct) = self._per_example_fn(target)(params, xb, yb)\n"
-        "                    acc.add(",
         ("tests/test_amp.py", "-k", "float32"),
     ),
     Mutant(
