@@ -226,7 +226,8 @@ def test_gep_bookkeeping_step_equals_the_materialized_step():
     a, b = outs["materialize"], outs["bookkeeping"]
     torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-4 * S2)
     assert b.stats.clip == a.stats.clip and b.stats.clip.nonfinite == 1
-    assert b.private_metrics == pytest.approx(a.private_metrics)
+    as_floats = lambda m: {k: float(v) for k, v in m.items()}  # noqa: E731 (device tensors)
+    assert as_floats(b.private_metrics) == pytest.approx(as_floats(a.private_metrics))
     # removing the huge example changes the (noise-free) release by at most S1 + S2
     rest, _ = gep_steps("bookkeeping", x[1:], y[1:], clip_embedding=S1, clip_residual=S2)
     assert (b.grad - rest.grad).norm() <= (S1 + S2) * (1 + 1e-4)
