@@ -81,10 +81,14 @@ def test_secure_mode_logs_no_timing(tmp_path):
     assert "steps/s" not in (tmp_path / "run" / "train.log").read_text()
 
 
-@pytest.mark.parametrize("key", ["steps_per_s", "run_seconds"])
-def test_run_average_timing_spans_the_whole_run_across_resumes(tmp_path, key):
+def test_run_average_timing_spans_the_whole_run_across_resumes(tmp_path):
     run_dir = tmp_path / "run"
     train(compose_cfg(*SHORT), run_dir)
-    first = summary(run_dir)[key]
+    first = summary(run_dir)
     train(compose_cfg(*SHORT), run_dir, resume=True)  # no step left: the totals carry over
-    assert summary(run_dir)[key] == pytest.approx(first, rel=1e-3)
+    again = summary(run_dir)
+    # carried over (a reset would leave only the empty resumed loop's microseconds); the
+    # resumed loop runs no step, so it adds little (loose bound: a busy machine)
+    assert first["run_seconds"] <= again["run_seconds"] <= first["run_seconds"] + 1.0
+    steps = first["steps_per_s"] * first["run_seconds"]
+    assert again["steps_per_s"] == pytest.approx(steps / again["run_seconds"])
