@@ -92,9 +92,17 @@ SYNTH = (
 )
 
 
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m "not slow"`` deselects
 def pytest_collection_modifyitems(items):
-    """Slow tests (long end-to-end runs) get a longer per-test limit than the default; GPU
-    tests (tests/test_gpu.py) are skipped without CUDA unless DPSUB_GPU_TESTS_ON_CPU=1."""
+    """Every test in tests/e2e/ is ``slow`` (and only those: tests/unit/test_architecture.py)
+    and gets a longer per-test limit than the default; GPU tests
+    (tests/integration/test_gpu.py) are skipped without CUDA unless DPSUB_GPU_TESTS_ON_CPU=1."""
+    for item in items:
+        if E2E in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.slow)
     gpu_skip = None
     if any(item.get_closest_marker("gpu") for item in items):
         import torch
@@ -120,3 +128,9 @@ def loop_grads(model, x, y):
         rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
     model.zero_grad()
     return torch.stack(rows)
+
+
+# Fixtures the suites share, written beside their helpers in tests/helpers/ (imported last:
+# those modules import the names above).
+from helpers.runs import references  # noqa: E402, F401
+from helpers.tables import tiny  # noqa: E402, F401

@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/test_distributed.py: a few steps, rank 0 saves what was released.
+"""Run under torchrun by tests/integration/test_distributed.py: a few steps, rank 0 saves what was released.
 
 python -m torch.distributed.run --nproc_per_node 2 tests/dist_worker.py OUT OVERRIDE...
 """

@@ -7,7 +7,7 @@ Steps, in order, each bounded in time (:data:`BOUNDS`) within the command's budg
 a. ``check``: the packages (installed from ``.gpu/wheels`` when missing), CUDA, the data
    the later steps need (CIFAR-10 decoded from ``.gpu/data``); one line and exit 2 if
    anything is missing;
-b. ``smoke``: ``pytest -m gpu tests/test_gpu.py`` (tests/test_gpu.py);
+b. ``smoke``: ``pytest -m gpu tests/integration/test_gpu.py`` (tests/integration/test_gpu.py);
 c. ``bench``: ``scripts/bench.py`` at the paper's GPU sizes, one process per table
    (:data:`BENCHES`), written as ``gpu_<name>.md`` / ``.json`` as each finishes;
 d. ``cells``: GEP Table 1 CIFAR-10 cells by priority (:mod:`dpsub.gpu.cells`).
@@ -227,7 +227,7 @@ def step_check(kit: Kit, bound: float) -> dict:
 def step_smoke(kit: Kit, bound: float) -> dict:
     ensure_packages(kit)  # (a no-op after the check step)
     d = kit.step_dir("smoke")
-    argv = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-q", "-rA",
+    argv = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/integration/test_gpu.py", "-q", "-rA",
             "-p", "no:cacheprovider", f"--junitxml={d / 'junit.xml'}"]  # fmt: skip
     env = dict(kit.env)
     if kit.opts.tiny:  # the suite's own CPU stand-in: one quick test

@@ -39,7 +39,7 @@ import numpy as np
 
 from dpsub.choices import ACCOUNTANTS
 
-#: Opacus' ``RDPAccountant.DEFAULT_ALPHAS`` (tests/test_privacy.py keeps them equal).
+#: Opacus' ``RDPAccountant.DEFAULT_ALPHAS`` (tests/unit/test_privacy.py keeps them equal).
 DEFAULT_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
 #: Opacus' ``get_noise_multiplier`` gives up above this multiplier.
 MAX_SIGMA = 1e6

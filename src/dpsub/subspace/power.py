@@ -170,7 +170,7 @@ def power_iteration(
     the previous basis (a warm start) continues the iteration where it stopped.
 
     The two matmuls run in ``compute_dtype`` (float32; bfloat16 or float16 for speed, at
-    an accuracy cost measured in ``tests/test_subspace.py``); see :class:`PowerStep`.
+    an accuracy cost measured in ``tests/unit/test_subspace.py``); see :class:`PowerStep`.
     QR always runs in float32 (float64 if ``Ga`` is float64).
 
     Args:
@@ -402,7 +402,7 @@ class GroupedBasis:
         w^_j + 2 w^.d`` exactly, for any basis (for an orthonormal one, ||g||^2 - ||w||^2).
         The bound adds ``slack ||g||^2`` for the unknown ``2 w^.d`` and the rounding of
         ``M`` and of the norms: it holds while those stay below ``(slack / 4) ||g||^2``;
-        float32 gives ~1e-7 (``tests/test_gep_speed.py`` measures them on ResNet-20).
+        float32 gives ~1e-7 (``tests/unit/test_gep_speed.py`` measures them on ResNet-20).
         The margin costs a relative ``slack / (2 (||r|| / ||g||)^2)`` of a clipped
         residual: 0.1% at a per-example projection error of 0.2.
         """

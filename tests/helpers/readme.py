@@ -1,9 +1,5 @@
-"""Every command of the README's Usage block runs (with a cheap step count), as written.
-
-Each line is mapped to the cheap overrides appended to it (steps, evaluation, where to
-write). A README line without an entry here, or an entry whose line left the README,
-fails the test: the README and what is tested cannot drift apart.
-"""
+"""The README's Usage block and how each of its lines is run cheaply (tests/integration/
+test_readme.py runs the fast lines, tests/e2e/test_e2e_readme.py the others)."""
 
 from __future__ import annotations
 
@@ -64,14 +60,6 @@ def usage_lines() -> list[str]:
     return [re.split(r"\s+#", line)[0].strip() for line in lines]
 
 
-def test_readme_is_short():
-    assert len((REPO / "README.md").read_text()) <= README_LIMIT
-
-
-def test_every_usage_line_is_tested():
-    assert set(usage_lines()) == set(USAGE)
-
-
 def split(line: str) -> tuple[list[str], list[str]]:
     """(launcher words, dpsub-train arguments) of ``uv run ...``."""
     words = shlex.split(line)[2:]  # drop "uv run"
@@ -110,10 +98,7 @@ FAST = (
 )
 
 
-@pytest.mark.parametrize(
-    "line", [line if line in FAST else pytest.param(line, marks=pytest.mark.slow) for line in USAGE]
-)
-def test_usage_line_runs(line, tmp_path):
+def check_usage_line(line: str, tmp_path: Path) -> None:
     if any(k in line for k in NEEDS_DATA) and SHARED is None:
         pytest.skip("real data not found")
     extra = USAGE[line]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 CONFIG = """\
 dataset: {name: mnist, train_size: 1000}
@@ -181,7 +181,7 @@ def test_every_mutant_of_mutation_check_still_applies():
     """scripts/mutation_check.py: each deliberate bug's pattern is still in the code."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "mutation_check.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "mutation_check.py"
     spec = importlib.util.spec_from_file_location("mutation_check", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules["mutation_check"] = mod  # dataclasses look their module up there

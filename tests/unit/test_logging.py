@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from dpsub.logging import RunLogger, read_metrics
 from dpsub.logging.run_logger import _wait_for_exit_record
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _logger_cfg(mode: str):

@@ -4,17 +4,9 @@ others, and an interrupted sweep continues (docs/sweeps.md)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
-import pytest
 
 from conftest import run_cli
-
-SMALL = ("train.max_steps=2", "train.eval_every=0")
-
-
-def job_dirs(sweep: Path) -> dict[str, Path]:
-    return {p.name.split("_")[0]: p for p in sweep.iterdir() if p.is_dir()}
+from helpers.sweeps import SMALL, job_dirs
 
 
 def test_a_job_without_its_data_fails_the_sweep_before_any_job_starts(tmp_path):
@@ -77,16 +69,3 @@ def test_continuing_a_sweep_refuses_overrides_that_change_its_runs(tmp_path):
     proc = run_cli(f"resume={sweep}", "privacy.epsilon=9", check=False, timeout=120)
     assert proc.returncode == 2 and "privacy.epsilon=9" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-
-
-@pytest.mark.slow  # two joblib workers each import torch (~1-2 min on 2 busy cores)
-def test_with_joblib_a_failing_job_leaves_its_sibling_running(tmp_path):
-    """Issue 19.4: with joblib the sibling job was lost and only multirun.yaml remained."""
-    sweep = tmp_path / "sweep"
-    proc = run_cli(
-        "-m", "hydra/launcher=local", "train.batch_size=5000,64", *SMALL,
-        f"hydra.sweep.dir={sweep}", check=False,
-    )  # fmt: skip
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert (job_dirs(sweep)["1"] / "summary.json").is_file()
-    assert "job 0" in (sweep / "failed_jobs.jsonl").read_text()

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HISTORICAL = re.compile(r"<!--\s*(historical|cited):\s*\S.*-->")
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+\.\d+(?![\w.])")
 PATHLIKE = re.compile(r"`+([^`]+)`+|\]\(([^)\s#]+)")  # code spans (words inside) and links

@@ -1,4 +1,5 @@
-"""torch.distributed (gloo on the CPU): the same releases and the same epsilon as one process."""
+"""torchrun end to end (slow): real MNIST on two ranks, resuming with another world size,
+a failed rank, and the audit on two ranks."""
 
 from __future__ import annotations
 
@@ -11,50 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from dist_worker import released
 
 from conftest import REPO, SYNTH, cli_command, needs_shared, run_cli
-
-WORKER = Path(__file__).with_name("dist_worker.py")
-DPSGD = (*SYNTH, "train.max_steps=5", "privacy.noise_multiplier=2.0", "privacy.epsilon=100")
-GEP = (*DPSGD, "mechanism=gep", "aux=gaussian", "aux.num_samples=30", "mechanism.num_bases=8")
-
-
-def torchrun(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    _, env = cli_command()
-    env = {**env, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.mark.parametrize("overrides", [DPSGD, GEP], ids=["dpsgd", "gep"])
-def test_two_ranks_release_what_one_process_releases(tmp_path, overrides):
-    out = tmp_path / "released.pt"
-    proc = torchrun(str(WORKER), str(out), *overrides)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    two = torch.load(out, weights_only=False)
-    one = released(list(overrides))
-    assert two["rank_world"] == (0, 2) and one["rank_world"] == (0, 1)
-    for g2, g1 in zip(two["grads"], one["grads"], strict=True):
-        torch.testing.assert_close(g2, g1, rtol=1e-4, atol=1e-6)
-    assert two["epsilon"] == one["epsilon"] and two["z"] == one["z"]
-
-
-def test_two_ranks_add_the_noise_once(tmp_path):
-    """Release minus the noise-free release: std z C / B (one draw), not sqrt(2) z C / B."""
-    noisy = tmp_path / "noisy.pt"
-    assert torchrun(str(WORKER), str(noisy), *DPSGD).returncode == 0
-    clean = released(list(DPSGD), noise_free=True)  # the same batches, no noise
-    noise = torch.cat(
-        [a - b for a, b in zip(torch.load(noisy)["grads"], clean["grads"], strict=True)]
-    )
-    expected = 2.0 * 1.0 / 64  # z * C / B
-    assert noise.std().item() == pytest.approx(expected, rel=0.03)
+from helpers.audit import TINY
+from helpers.dist import torchrun
+from helpers.runs import DEMO, kill_mid_run
 
 
 @needs_shared
-@pytest.mark.slow
 def test_torchrun_on_real_mnist_matches_one_process(tmp_path):
     common = ("dataset=mnist", "train.batch_size=512", "train.max_steps=40", "optim.lr=2.0",
               "optim.momentum=0.0", "train.eval_every=0", "logger.mode=disabled", "train.progress=false")  # fmt: skip
@@ -76,10 +41,8 @@ def test_torchrun_on_real_mnist_matches_one_process(tmp_path):
     assert two["test_accuracy"] > 0.7
 
 
-@pytest.mark.slow
 def test_resume_with_a_different_number_of_ranks(tmp_path):
     """Started in one process, killed, resumed under torchrun with two: the same run."""
-    from test_train_e2e import DEMO, kill_mid_run
 
     overrides = (
         *DEMO,
@@ -117,7 +80,6 @@ def worker_pid(local_rank: int, parent: int) -> int | None:
     return None
 
 
-@pytest.mark.slow
 def test_a_failed_rank_stops_the_job_instead_of_hanging(tmp_path):
     args, env = cli_command(
         *SYNTH, "train.epochs=200", "train.log_every=1", run_dir=tmp_path / "run"
@@ -142,29 +104,20 @@ def test_a_failed_rank_stops_the_job_instead_of_hanging(tmp_path):
     assert "local_rank: 1" in err.decode() or "exitcode" in err.decode()
 
 
-def test_a_slurm_task_finds_its_rank(monkeypatch):
-    """hydra/launcher=slurm with several tasks: Slurm's (submitit's) variables become ranks.
+def test_two_ranks_audit_like_one_process(tmp_path) -> None:
+    """torchrun, 2 ranks: only rank 0's shard holds the canary; the exact mu is 1/z."""
+    import subprocess
+    import sys
 
-    ``_slurm_env`` exports RANK, WORLD_SIZE, MASTER_ADDR ... into ``os.environ``; the whole
-    environment is restored afterwards, or every later subprocess would wait for peers.
-    """
-    from dpsub.training.distributed import _slurm_env
+    from conftest import REPO, cli_command
 
-    monkeypatch.setattr(os, "environ", os.environ.copy())  # restored after the test
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        os.environ.pop(k, None)
-    slurm = {
-        "SUBMITIT_EXECUTOR": "slurm", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
-        "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_STEP_NODELIST": "node1",
-        "SLURM_NNODES": "1", "SLURM_JOB_ID": "42", "SLURM_NODEID": "0",
-        "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_NUM_NODES": "1",
-    }  # fmt: skip
-    for k, v in slurm.items():
-        monkeypatch.setenv(k, v)
-    _slurm_env()
-    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == (
-        "1",
-        "2",
-        "1",
-    )
-    assert os.environ["MASTER_ADDR"] == "node1" and os.environ["MASTER_PORT"]
+    _, env = cli_command()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
+           "dpsub.audit.cli", *TINY, "logger=disabled", "device=cpu", "audit.trials=20000",
+           "privacy.noise_multiplier=2.0", f"out_dir={tmp_path / 'd'}"]  # fmt: skip
+    env = {**env, "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, check=True, cwd=REPO, env=env, capture_output=True, timeout=600)
+    report = json.loads((tmp_path / "d" / "audit.json").read_text())
+    assert report["ranks"] == 2
+    assert report["gdp"]["mu_exact"] == pytest.approx(0.5, rel=1e-4)
+    assert report["per_step"][0]["shift_norm"] == pytest.approx(1 / 32, rel=1e-4)

@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "dpsub"
+SRC = Path(__file__).resolve().parents[2] / "src" / "dpsub"
 
 #: Lower ranks are imported by higher ones, never the reverse.
 LAYERS = {
@@ -83,7 +83,7 @@ def _violations() -> list[str]:
         own = _room(rel.parts[0].removesuffix(".py"))
         if own == "__init__":
             continue
-        assert own in LAYERS, f"src/dpsub/{own} has no layer in tests/test_architecture.py"
+        assert own in LAYERS, f"src/dpsub/{own} has no layer in tests/unit/test_architecture.py"
         for line, mod in _imports(path):
             other = _package(mod)
             if other is None or other == own:
@@ -128,3 +128,17 @@ def test_accounting_policy_is_compared_only_in_privacy():
         if pattern.search(line)
     ]
     assert hits == []
+
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def test_tests_live_in_their_tier_and_only_e2e_is_slow():
+    """tests/unit (no training loop), tests/integration (runs, CLIs), tests/e2e (slow: every
+    test there is marked slow by conftest.py, and no test elsewhere is)."""
+    loose = sorted(p.name for p in TESTS.glob("test_*.py"))
+    assert not loose, f"test files outside unit/, integration/, e2e/: {loose}"
+    for tier in ("unit", "integration"):
+        for path in (TESTS / tier).glob("*.py"):
+            marked = "pytest.mark." + "slow"  # (spelled so that this file passes its own check)
+            assert marked not in path.read_text(), f"{path}: slow tests go to tests/e2e/"

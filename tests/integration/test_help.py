@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from dpsub.config import compose
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
 
 

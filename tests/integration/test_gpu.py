@@ -1,4 +1,4 @@
-"""The GPU smoke suite: ``pytest -m gpu tests/test_gpu.py`` (under 3 minutes on one GPU).
+"""The GPU smoke suite: ``pytest -m gpu tests/integration/test_gpu.py`` (under 3 minutes on one GPU).
 
 Skipped without CUDA. ``DPSUB_GPU_TESTS_ON_CPU=1`` runs it on the CPU instead (the GPU
 kit's ``--tiny`` mode does, with ``-k tiny``; a developer can run all of it to check the

@@ -12,13 +12,13 @@ from itertools import pairwise
 
 import pytest
 import torch.optim.optimizer as optim_hooks
-from test_train_e2e import wait_for
 
 from dpsub.errors import ConfigError
 from dpsub.training.checkpoint import lock_run_dir
 from dpsub.training.trainer import train
 
 from conftest import REPO, SYNTH, cli_command, compose_cfg, run_cli
+from helpers.runs import wait_for
 
 fcntl = pytest.importorskip("fcntl")  # the lock is POSIX (skipped where it does not exist)
 

@@ -24,7 +24,7 @@ from dpsub.errors import DataError
 
 from conftest import SHARED_ROOT
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "aux"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "aux"
 NATURAL = Path("aux") / "tinyimagenet_val_32x32.npz"
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -15,19 +13,17 @@ from dpsub.logging import read_metrics
 from dpsub.privacy import epsilon_for
 from dpsub.training.trainer import train
 
-from conftest import REPO, cli_command, compose_cfg, needs_shared, run_cli
+from conftest import compose_cfg, needs_shared, run_cli
+from helpers.runs import (
+    DEMO,
+    RESUME_RUNS,
+    check_kill_and_resume,
+    kill_mid_run,
+    logged_steps,
+)
 
 cfg_for = compose_cfg
 
-DEMO = (
-    "train.epochs=4",
-    "train.batch_size=256",
-    "optim.lr=1.0",
-    "optim.momentum=0.0",
-    "privacy.epsilon=3.0",
-    "train.eval_every=5",
-    "train.log_every=2",
-)
 
 #: What the logs may hold by default: released quantities, epsilon, test metrics, settings.
 COVERED = {
@@ -149,88 +145,11 @@ def test_gep_on_real_mnist_with_natural_aux_and_private_diagnostics(tmp_path):
 
 
 # ------------------------------------------------------------ kill and resume
-RESUME_RUNS = {
-    "dpsgd": (*DEMO, "train.epochs=12", "train.checkpoint_every=5", "train.eval_every=0", "train.log_every=1"),
-    "gep": (
-        *DEMO, "train.epochs=6", "train.checkpoint_every=5", "train.eval_every=0", "train.log_every=1",
-        "mechanism=gep", "aux=gaussian", "aux.num_samples=64", "mechanism.num_bases=16",
-        "mechanism.subspace_every=3",  # the basis is mid-window at every checkpoint (5, 10, ...)
-    ),
-}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    """Uninterrupted runs, one per mechanism, made once."""
-    cache = {}
-
-    def get(mech):
-        if mech not in cache:
-            cache[mech] = train(cfg_for(*RESUME_RUNS[mech]), tmp_path_factory.mktemp(f"ref-{mech}"))
-        return cache[mech]
-
-    return get
-
-
-def wait_for(cond, proc, what: str, timeout: float = 600):
-    """Poll ``cond`` (no fixed sleep stands in for it) while the run is alive."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert proc.poll() is None, f"the run ended before {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
-def logged_steps(run_dir: Path) -> list[int]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
-
-
-def kill_mid_run(run_dir: Path, overrides, sig: int) -> int:
-    """Start a run, kill it with ``sig`` between checkpoints; return the checkpoint's step."""
-    args, env = cli_command(*overrides, run_dir=run_dir)
-    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    ckpt = run_dir / "checkpoint.pt"
-    wait_for(ckpt.exists, proc, "the first checkpoint")
-    saved = torch.load(ckpt, weights_only=False)["state"]["step"]
-    # past the checkpoint: SIGKILL then loses steps that must be replayed on resume
-    wait_for(lambda: max(logged_steps(run_dir), default=0) >= saved + 2, proc, "two more steps")
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=600)
-    expected = 128 + sig if sig == signal.SIGTERM else -sig
-    assert proc.returncode == expected, err.decode()[-2000:]
-    return torch.load(ckpt, weights_only=False)["state"]["step"]
-
-
-@pytest.mark.parametrize(
-    "mech,sig",
-    [
-        pytest.param("dpsgd", signal.SIGTERM, marks=pytest.mark.slow),
-        pytest.param("dpsgd", signal.SIGKILL, marks=pytest.mark.slow),
-        pytest.param("gep", signal.SIGTERM, marks=pytest.mark.slow),
-        ("gep", signal.SIGKILL),  # the hardest case stays in the fast suite
-    ],
-)
+@pytest.mark.parametrize("mech,sig", [("gep", signal.SIGKILL)])  # the hardest case; the others: e2e
 def test_kill_and_resume_reaches_the_same_run(tmp_path, references, mech, sig):
-    """Killed mid-run and resumed: same steps, epsilon and model as an uninterrupted run."""
-    reference = references(mech)
-    run_dir = tmp_path / "killed"
-    killed_at = kill_mid_run(run_dir, RESUME_RUNS[mech], sig)
-    assert 0 < killed_at < reference.steps
-    config_before = (run_dir / "config.yaml").read_text()
-    run_cli(f"resume={run_dir}", check=True)  # the run's own config, no overrides needed
-    assert (run_dir / "config.yaml").read_text() == config_before
-    final = json.loads((run_dir / "summary.json").read_text())
-    assert final["steps"] == reference.steps
-    assert final["epsilon"] == pytest.approx(reference.epsilon, rel=1e-9)
-    assert final["test_accuracy"] == pytest.approx(reference.test_accuracy, abs=1e-9)
-    state = torch.load(run_dir / "checkpoint.pt", weights_only=False)["state"]
-    assert sum(n for _, _, n in state["ledger"]["history"]) == reference.steps  # counted once
-    lines = [m["step"] for m in read_metrics(run_dir) if "z_eff" in m]
-    assert lines == list(range(1, reference.steps + 1))  # each step logged once after resume
-    assert f"resumed {run_dir} at step {killed_at}" in (run_dir / "train.log").read_text()
+    check_kill_and_resume(tmp_path, references(mech), mech, sig)
 
 
 def test_secure_mode_resume_charges_the_lost_steps_again(tmp_path, references):
@@ -327,7 +246,7 @@ def test_resume_of_a_missing_or_empty_dir_fails_and_creates_nothing(tmp_path):
 
 # --------------------------------------------------------------- multirun
 def test_multirun_is_one_sweep_in_one_folder(tmp_path):
-    """(Sweeping experiments themselves is run by tests/test_readme.py.)"""
+    """(Sweeping experiments themselves is run by tests/integration/test_readme.py.)"""
     run_cli(
         "-m",
         "experiment=demo",

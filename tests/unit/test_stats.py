@@ -53,7 +53,7 @@ def test_make_table_marks_cells_against_gp(monkeypatch):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     import make_table
 
     class T:  # the bits of a Table cell_text reads

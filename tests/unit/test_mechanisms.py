@@ -22,6 +22,7 @@ from dpsub.privacy.sampling import PoissonSampler, ShuffleSampler, seeded_unifor
 from dpsub.training.run import build_run, train_step
 
 from conftest import SYNTH, compose_cfg, loop_grads
+from helpers.nets import ConvGN
 
 torch.set_num_threads(2)
 
@@ -72,19 +73,6 @@ def ctx(seed=0, B=40.0, step=0, z=0.0):
     return StepContext(step, 100, B, z, noise, torch.Generator().manual_seed(10_000 + seed))
 
 
-class ConvGN(nn.Module):
-    """A conv + affine GroupNorm model (the Opacus backend's hard case)."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(1, 4, 3)
-        self.norm = nn.GroupNorm(2, 4)
-        self.head = nn.Linear(4 * 6 * 6, 3)
-
-    def forward(self, x):
-        return self.head(torch.relu(self.norm(self.conv(x))).flatten(1))
-
-
 @pytest.mark.parametrize("backend", ["vmap", "opacus"])
 @pytest.mark.parametrize("net", ["linear", "conv_groupnorm"])
 def test_engine_matches_loop(backend, net):
@@ -114,17 +102,6 @@ def test_grads_compile_wraps_the_per_example_function_with_dynamic_shapes(monkey
     assert run.engine.compile
     train_step(run)
     assert calls == [{"dynamic": True}]
-
-
-@pytest.mark.slow
-def test_compiled_clipped_sum_equals_eager():
-    """torch.compile of the vmap per-example function (micro-batches of 4, 4 and 2)."""
-    torch.manual_seed(0)
-    model, x, y = ConvGN(), torch.randn(10, 1, 8, 8), torch.randint(0, 3, (10,))
-    want = GradEngine(model, microbatch=4).clipped_sum(x, y, 0.1)
-    got = GradEngine(model, microbatch=4, compile=True).clipped_sum(x, y, 0.1)
-    torch.testing.assert_close(got.sum.value, want.sum.value, rtol=1e-4, atol=1e-6)
-    assert got.stats.clip == want.stats.clip
 
 
 # --------------------------------------------------------------------- DP-SGD

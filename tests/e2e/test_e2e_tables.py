@@ -1,0 +1,151 @@
+"""reproduce.py + make_table.py on tiny real runs (slow): the grid, its picks, resuming a
+campaign, rendering beside the paper, and the dry run's cost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from dpsub import stats
+
+from helpers.tables import SCRIPTS, TINY, script
+
+
+def test_reproduce_runs_the_grid_then_the_tuned_picks(tiny):
+    tmp, spec, args, proc = tiny
+    base = tmp / "runs" / "tiny" / "tiny"
+    names = {p.name for p in (base / "paper").iterdir()}
+    assert names == {f"mechanism={m},epsilon=2,seed={s}" for m in ("dpsgd", "gep") for s in (0, 1)}
+    assert len(list((base / "tune").glob("*/summary.json"))) == 4
+    picks = json.loads((base / "tune" / "picks.json").read_text())
+    for cid, pick in picks.items():
+        grid = pick["grid"]
+        assert pick["validation_accuracy"] == max(grid.values())
+        for seed in (0, 1):
+            run = base / "tuned" / f"{cid},seed={seed}"
+            assert json.loads((run / "summary.json").read_text())["steps"] == 2
+            cfg = (run / "config.yaml").read_text()
+            assert f"lr: {pick['lr']}" in cfg and "validation_size: null" in cfg
+    summary = json.loads(
+        (base / "paper" / "mechanism=dpsgd,epsilon=2,seed=0" / "summary.json").read_text()
+    )
+    assert summary["epsilon"] <= 2.0 and "test_accuracy" in summary
+
+
+def test_reproduce_skips_finished_jobs_and_reuses_identical_ones(tiny):
+    tmp, spec, args, _ = tiny
+    again = script("reproduce", *args, cwd=tmp)
+    assert again.returncode == 0, again.stderr
+    lines = [line for line in again.stdout.splitlines() if line.startswith("phase")]
+    assert lines[0].endswith(": 8 jobs, 8 finished or reused, 0 to run")  # paper + tuning grid
+    assert lines[1].endswith(": 4 jobs, 4 finished or reused, 0 to run")  # tuned picks
+    # a tuned pick equal to the paper's hyper-parameters (demo: lr 1.0) is the same run: a link
+    base = tmp / "runs" / "tiny" / "tiny"
+    picks = json.loads((base / "tune" / "picks.json").read_text())
+    for cid, pick in picks.items():
+        link = base / "tuned" / f"{cid},seed=0"
+        assert link.is_symlink() == (pick["lr"] == 1.0)
+
+
+def test_a_campaign_stopped_midway_finishes_only_its_missing_cells(tmp_path):
+    """A campaign killed after its first finished job (a work period ending); the next
+    invocation trains only the jobs without a summary and leaves finished ones untouched."""
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    args = (spec, "--setting", "tiny", "--out", tmp_path / "runs", "logger=disabled",
+            "train.progress=false")  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
+    argv = [sys.executable, str(SCRIPTS / "reproduce.py"), *map(str, args)]
+    paper = tmp_path / "runs" / "tiny" / "tiny" / "paper"
+    first = subprocess.Popen(argv, cwd=tmp_path, env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not list(paper.glob("*/summary.json")) and first.poll() is None:
+            assert time.monotonic() < deadline, "no job finished in 10 minutes"
+            time.sleep(0.1)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)  # the period ends: the whole campaign stops
+        first.wait()
+    done = {p.parent.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in paper.glob("*/summary.json")}  # fmt: skip
+    assert 1 <= len(done) < 4, sorted(done)  # stopped midway: some cells left
+
+    again = script("reproduce", *args, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    phase = [line for line in again.stdout.splitlines() if line.startswith("phase")]
+    assert phase == [f"phase 1 (paper setting): 4 jobs, {len(done)} finished or reused, "
+                     f"{4 - len(done)} to run"]  # fmt: skip
+    after = {p.parent.name: p for p in paper.glob("*/summary.json")}
+    assert len(after) == 4 and not any((paper / n).is_symlink() for n in after)
+    for name, (mtime, content) in done.items():  # the finished cells were not trained again
+        assert (after[name].stat().st_mtime_ns, after[name].read_bytes()) == (mtime, content)
+    newest_done = max(mtime for mtime, _ in done.values())
+    assert all(after[n].stat().st_mtime_ns > newest_done for n in set(after) - set(done))
+    third = script("reproduce", *args, cwd=tmp_path)
+    assert "4 jobs, 4 finished or reused, 0 to run" in third.stdout, third.stdout[-2000:]
+
+
+def test_make_table_renders_the_runs_beside_the_paper(tiny):
+    tmp, spec, _, _ = tiny
+    out = tmp / "results"
+    proc = script("make_table", spec, "--setting", "tiny", "--runs", tmp / "runs", "--out", out,
+                  "--note", "Runs made by the test.", cwd=tmp)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    dest = out / "tiny" / "tiny"
+    text = (dest / "README.md").read_text()
+    base = tmp / "runs" / "tiny" / "tiny" / "paper"
+    accs = [
+        100
+        * json.loads((base / f"mechanism=gep,epsilon=2,seed={s}" / "summary.json").read_text())[
+            "test_accuracy"
+        ]
+        for s in (0, 1)
+    ]
+    s = stats.summarize(accs)
+    row = next(line for line in text.splitlines() if line.startswith("| gep (paper's"))
+    assert f"| {s.text()} | 60 | {s.mean - 60:+.2f} |" in row and f"[{s.lo:.2f}, {s.hi:.2f}]" in row
+    assert row.rstrip(" |").endswith(("significant)", "(n/a: < 2 seeds)")) or "(p=" in row
+    assert "4 tuning runs" in text and "not** included" in text
+    assert "commit:" in text and "hardware:" in text and "reproduce.py" in text
+    assert "> **Note.** Runs made by the test." in text
+    # a re-render keeps the recorded provenance (commit, hardware, notes) instead of today's
+    rec = json.loads((dest / "provenance.json").read_text())
+    rec.update(commit="abc1234", hardware="the machine that made the runs")
+    (dest / "provenance.json").write_text(json.dumps(rec))
+    again = script("make_table", spec, "--setting", "tiny", "--runs", tmp / "runs", "--out", out,
+                   "--no-projection", cwd=tmp)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    text2 = (dest / "README.md").read_text()
+    assert "- commit: `abc1234`" in text2 and "the machine that made the runs" in text2
+    assert (
+        "> **Note.** Runs made by the test." in text2 and "re-rendered from the same runs" in text2
+    )
+    assert (dest / "accuracy.png").read_bytes().startswith(b"\x89PNG")
+    assert (dest / "projection.png").read_bytes().startswith(b"\x89PNG")  # gep: public data
+    proj = json.loads(
+        (dest / "paper" / "mechanism=gep,epsilon=2,seed=0" / "public_projection.json").read_text()
+    )
+    assert 0.0 <= proj["mean_gradient"] <= 1.0 + 1e-6 and proj["n_test_examples"] > 0
+    copied = dest / "paper" / "mechanism=dpsgd,epsilon=2,seed=1"
+    assert sorted(p.name for p in copied.iterdir()) == [
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+        "train.log",
+    ]
+
+
+def test_dry_run_prints_the_grid_and_its_cost_and_runs_nothing(tiny):
+    tmp, spec, args, _ = tiny
+    proc = script("reproduce", spec, "--setting", "tiny", "--out", tmp / "fresh", "--dry-run",
+                  "--time", "--timing-steps", "1", "--tune", "logger=disabled", cwd=tmp)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("| paper |", "| tune |"))]
+    assert len(rows) == 4 + 4 and all("| todo |" in r for r in rows)
+    assert "still to run" in proc.stdout and "estimate" in proc.stdout
+    assert not (tmp / "fresh" / "tiny").exists()  # only the step-time cache was written

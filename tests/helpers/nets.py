@@ -1,0 +1,19 @@
+"""Small models shared by the unit and e2e suites."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ConvGN(nn.Module):
+    """A conv + affine GroupNorm model (the Opacus backend's hard case)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3)
+        self.norm = nn.GroupNorm(2, 4)
+        self.head = nn.Linear(4 * 6 * 6, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.norm(self.conv(x))).flatten(1))

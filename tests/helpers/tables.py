@@ -1,0 +1,75 @@
+"""The tiny results table and the scripts' runner, shared by the integration and e2e suites."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+SCRIPTS = REPO / "scripts"
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"dpsub_{name}_script", SCRIPTS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+TINY = """\
+title: Tiny table
+source: a test
+metric: test_accuracy
+kind: table
+layout: {rows: mechanism, columns: epsilon}
+experiment: demo
+axes:
+  mechanism: [dpsgd, gep]
+  epsilon: [2]
+overrides:
+  mechanism: ["mechanism={mechanism}"]
+  epsilon: ["privacy.epsilon={epsilon}"]
+seeds: [0, 1]
+paper:
+  - {mechanism: dpsgd, epsilon: 2, value: 50.0}
+  - {mechanism: gep, epsilon: 2, value: 60.0}
+settings:
+  tiny:
+    note: two steps of a small batch
+    overrides:
+      all: [train.max_steps=2, train.batch_size=64, grads.microbatch=64]
+      gep: [aux=gaussian, aux.num_samples=32, mechanism.num_bases=8]
+tune:
+  validation_size: 100
+  lr: [0.5, 1.0]
+  clip:
+    dpsgd: [[mechanism.clip=1.0]]
+    gep: [[mechanism.clip_embedding=10.0, mechanism.clip_residual=2.0]]
+"""
+
+
+def script(name: str, *args, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "WANDB_SILENT": "true"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / f"{name}.py"), *map(str, args)],
+        cwd=cwd, capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny table reproduced with --tune: real runs of a few steps each."""
+    tmp = tmp_path_factory.mktemp("tables")
+    spec = tmp / "tiny.yaml"
+    spec.write_text(TINY)
+    args = (spec, "--setting", "tiny", "--out", tmp / "runs", "--tune", "logger=disabled",
+            "train.progress=false")  # fmt: skip
+    proc = script("reproduce", *args, cwd=tmp)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp, spec, args, proc
