@@ -3,9 +3,14 @@ the account that holds them for a run (:class:`~dpsub.privacy.account.PrivacyAcc
 
 from dpsub.privacy.account import PrivacyAccount  # noqa: E402  (after its parts)
 from dpsub.privacy.accountant import (
+    ACCOUNTANT_CLASSES,
     ACCOUNTANTS,
+    Accountant,
     PrivacyLedger,
     PrivacyPlan,
+    PRVAccountant,
+    RDPAccountant,
+    accountant_for,
     calibrate_noise,
     calibrate_plan,
     epsilon_for,
@@ -25,6 +30,11 @@ from dpsub.privacy.noise import (
 __all__ = [
     "PrivacyAccount",
     "ACCOUNTANTS",
+    "ACCOUNTANT_CLASSES",
+    "Accountant",
+    "PRVAccountant",
+    "RDPAccountant",
+    "accountant_for",
     "NoiseBlock",
     "NoiseRecord",
     "PrivacyLedger",

@@ -178,12 +178,10 @@ class PrivacyAccount:
         """
         if self.ledger is None:
             return {"epsilon": math.inf}
-        rdp = self.ledger.accountant == "rdp"
-        key = "epsilon" if exact or rdp else "epsilon_rdp"
-        which = None if exact else "rdp"
-        out = {key: self.ledger.epsilon(which)}
+        key = "epsilon" if exact or self.ledger.method.rdp_exact else "epsilon_rdp"
+        out = {key: self.ledger.epsilon(exact)}
         if self.nominal is not None:
-            out[key.replace("epsilon", "epsilon_nominal")] = self.nominal.epsilon(which)
+            out[key.replace("epsilon", "epsilon_nominal")] = self.nominal.epsilon(exact)
         return out
 
     # ------------------------------------------------------------------ state

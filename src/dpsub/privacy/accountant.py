@@ -3,7 +3,8 @@
 Every mechanism in dpsub reports, per step, one *effective noise multiplier*
 ``z_eff`` (noise std divided by the L2 sensitivity of everything released in
 that step) together with the sampling rate ``q``. The :class:`PrivacyLedger`
-composes these steps with Opacus' accountants:
+composes these steps with Opacus' accountants, one :class:`Accountant` class each,
+chosen by name in one place (:func:`accountant_for`):
 
 * ``rdp``: Opacus' RDP analysis (Mironov et al.) with its default orders and
   the improved RDP -> (eps, delta) conversion. The running RDP curve is kept
@@ -34,6 +35,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -63,6 +65,110 @@ def _rdp_analysis():
     return sys.modules["_dpsub_opacus_rdp"]
 
 
+class Accountant(Protocol):
+    """What an accountant does for a composition ``[(z, q, steps), ...]`` of
+    Poisson-subsampled Gaussian steps. One class per analysis (RDP and PRV today; a PLD
+    accountant would be one more class in :data:`ACCOUNTANT_CLASSES`). The ledger asks
+    it for an epsilon only where :attr:`rdp_exact` is False: the ledger keeps a running RDP
+    curve of its own (the per-step budget check and the logged running estimate), which is
+    the RDP accountant's epsilon exactly.
+    """
+
+    #: the ``privacy.accountant`` value that selects it
+    name: str
+    #: its epsilon is the ledger's running RDP curve converted (microseconds per step)
+    rdp_exact: bool
+
+    def epsilon(self, history: list[tuple[float, float, int]], delta: float) -> float:
+        """Epsilon at ``delta`` of a composition whose steps are all private (finite z)."""
+
+    def calibrate(
+        self, epsilon: float, delta: float, sample_rate: float, steps: int, tolerance: float
+    ) -> float:
+        """Smallest z with epsilon([(z, q, steps)]) <= ``epsilon`` (Opacus' search)."""
+
+
+@dataclass(frozen=True)
+class RDPAccountant:
+    """Opacus' RDP analysis (Mironov et al.) over :data:`DEFAULT_ORDERS` with the improved
+    RDP -> (eps, delta) conversion; exact, so ``eps_error`` is unused."""
+
+    eps_error: float = 0.01
+    name: ClassVar[str] = "rdp"
+    rdp_exact: ClassVar[bool] = True
+
+    def epsilon(self, history, delta: float) -> float:
+        rdp = np.zeros(len(DEFAULT_ORDERS))
+        for z, q, n in history:
+            rdp += _rdp_curve(z, q) * n
+        return _rdp_to_eps(rdp, delta)
+
+    def calibrate(self, epsilon, delta, sample_rate, steps, tolerance) -> float:
+        """Opacus' ``get_noise_multiplier`` line for line over this analysis (so the
+        ``opacus`` package need not be imported)."""
+        eps_high, sigma_low, sigma_high = math.inf, 0, 10
+        while eps_high > epsilon:
+            sigma_high = 2 * sigma_high
+            eps_high = self.epsilon([(sigma_high, sample_rate, steps)], delta)
+            if sigma_high > MAX_SIGMA:
+                raise ValueError("The privacy budget is too low.")
+        while epsilon - eps_high > tolerance:
+            sigma = (sigma_low + sigma_high) / 2
+            eps = self.epsilon([(sigma, sample_rate, steps)], delta)
+            if eps < epsilon:
+                sigma_high, eps_high = sigma, eps
+            else:
+                sigma_low = sigma
+        return float(sigma_high)
+
+
+@dataclass(frozen=True)
+class PRVAccountant:
+    """Opacus' PRV accountant (Gopi et al.): tighter, ~0.1-1 s per query, to ``eps_error``."""
+
+    eps_error: float = 0.01
+    name: ClassVar[str] = "prv"
+    rdp_exact: ClassVar[bool] = False
+
+    def epsilon(self, history, delta: float) -> float:
+        from opacus.accountants import PRVAccountant as OpacusPRV
+
+        acc = OpacusPRV()
+        acc.history = list(history)
+        return float(acc.get_epsilon(delta=delta, eps_error=self.eps_error))
+
+    def calibrate(self, epsilon, delta, sample_rate, steps, tolerance) -> float:
+        from opacus.accountants.utils import get_noise_multiplier
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            z = get_noise_multiplier(
+                target_epsilon=epsilon,
+                target_delta=delta,
+                sample_rate=sample_rate,
+                steps=steps,
+                accountant=self.name,
+                epsilon_tolerance=tolerance,
+            )
+        return float(z)
+
+
+#: ``privacy.accountant`` -> its class (:data:`dpsub.choices.ACCOUNTANTS` names the keys).
+ACCOUNTANT_CLASSES: dict[str, type] = {c.name: c for c in (RDPAccountant, PRVAccountant)}
+
+
+def accountant_for(name: str, eps_error: float = 0.01) -> Accountant:
+    """The accountant ``privacy.accountant`` names: the one place a name is looked up."""
+    if name not in ACCOUNTANT_CLASSES:
+        raise ValueError(f"privacy.accountant must be one of {ACCOUNTANTS}, got {name!r}")
+    return ACCOUNTANT_CLASSES[name](eps_error=eps_error)
+
+
+def _private(history) -> list[tuple[float, float, int]]:
+    """The steps that cost something (``z == inf``: nothing private released)."""
+    return [(float(z), float(q), int(n)) for z, q, n in history if n > 0 and math.isfinite(z)]
+
+
 def epsilon_for(
     history: list[tuple[float, float, int]],
     delta: float,
@@ -73,21 +179,9 @@ def epsilon_for(
 
     Steps with ``z == inf`` (nothing private released) cost nothing.
     """
-    hist = [(float(z), float(q), int(n)) for z, q, n in history if n > 0 and math.isfinite(z)]
-    if not hist:
-        return 0.0
-    if accountant == "rdp":
-        rdp = np.zeros(len(DEFAULT_ORDERS))
-        for z, q, n in hist:
-            rdp += _rdp_curve(z, q) * n
-        return _rdp_to_eps(rdp, delta)
-    if accountant == "prv":
-        from opacus.accountants import PRVAccountant
-
-        acc = PRVAccountant()
-        acc.history = list(hist)
-        return float(acc.get_epsilon(delta=delta, eps_error=eps_error))
-    raise ValueError(f"privacy.accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    method = accountant_for(accountant, eps_error)
+    hist = _private(history)
+    return method.epsilon(hist, delta) if hist else 0.0
 
 
 def calibrate_noise(
@@ -98,40 +192,10 @@ def calibrate_noise(
     accountant: str = "rdp",
     tolerance: float = 0.01,
 ) -> float:
-    """Smallest noise multiplier z with eps(z, q, steps) <= epsilon (Opacus' search).
-
-    For ``rdp``, Opacus' ``get_noise_multiplier`` line for line over :func:`epsilon_for`
-    (the same RDP analysis), so the ``opacus`` package need not be imported."""
+    """Smallest noise multiplier z with eps(z, q, steps) <= epsilon (Opacus' search)."""
     if steps <= 0:
         raise ValueError("cannot calibrate noise for 0 steps")
-    if accountant == "rdp":
-        eps_high, sigma_low, sigma_high = math.inf, 0, 10
-        while eps_high > epsilon:
-            sigma_high = 2 * sigma_high
-            eps_high = epsilon_for([(sigma_high, sample_rate, steps)], delta, "rdp")
-            if sigma_high > MAX_SIGMA:
-                raise ValueError("The privacy budget is too low.")
-        while epsilon - eps_high > tolerance:
-            sigma = (sigma_low + sigma_high) / 2
-            eps = epsilon_for([(sigma, sample_rate, steps)], delta, "rdp")
-            if eps < epsilon:
-                sigma_high, eps_high = sigma, eps
-            else:
-                sigma_low = sigma
-        return float(sigma_high)
-    from opacus.accountants.utils import get_noise_multiplier
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        z = get_noise_multiplier(
-            target_epsilon=epsilon,
-            target_delta=delta,
-            sample_rate=sample_rate,
-            steps=steps,
-            accountant=accountant,
-            epsilon_tolerance=tolerance,
-        )
-    return float(z)
+    return accountant_for(accountant).calibrate(epsilon, delta, sample_rate, steps, tolerance)
 
 
 @dataclass(frozen=True)
@@ -261,10 +325,7 @@ class PrivacyLedger:
     history: list[tuple[float, float, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.accountant not in ACCOUNTANTS:
-            raise ValueError(
-                f"privacy.accountant must be one of {ACCOUNTANTS}, got {self.accountant!r}"
-            )
+        self.method = accountant_for(self.accountant, self.eps_error)  # ValueError if unknown
         self._rdp = np.zeros(len(DEFAULT_ORDERS))
         self._cache: tuple[int, float] | None = None  # (steps, PRV epsilon)
         self._rdp_eps: tuple[int, float] | None = None  # (steps, RDP epsilon)
@@ -299,27 +360,29 @@ class PrivacyLedger:
         z, q = float(noise_multiplier), float(sample_rate)
         if not math.isfinite(self.budget) or not math.isfinite(z):
             return True
-        if self.accountant == "rdp":
+        if self.method.rdp_exact:  # the running RDP curve answers exactly
             eps = _rdp_to_eps(self._rdp + _rdp_curve(z, q), self.delta)
             self._pending = ((z, q), eps)
             return eps <= self.budget + 1e-9
-        # PRV: inside the calibrated plan the answer is known; otherwise ask PRV.
+        # another accountant (slow): inside the calibrated plan the answer is known; otherwise ask it
         if self.plan is not None and _is_prefix(self.history + [(z, q, 1)], self.plan.phases):
             return True
-        hist = list(self.history) + [(z, q, 1)]
-        return epsilon_for(hist, self.delta, "prv", self.eps_error) <= self.budget + 1e-9
+        hist = _private(list(self.history) + [(z, q, 1)])
+        return self.method.epsilon(hist, self.delta) <= self.budget + 1e-9
 
     # ---------------------------------------------------------------- queries
-    def epsilon(self, accountant: str | None = None) -> float:
-        """Epsilon spent so far (cached per step count)."""
-        acc = accountant or self.accountant
-        if acc == "rdp":
+    def epsilon(self, exact: bool = True) -> float:
+        """Epsilon spent so far (cached per step count): with the ledger's accountant, or
+        with ``exact=False`` the running RDP estimate (microseconds; the same number
+        when the accountant is RDP)."""
+        if not exact or self.method.rdp_exact:
             if self._rdp_eps is None or self._rdp_eps[0] != self.steps:
                 self._rdp_eps = (self.steps, _rdp_to_eps(self._rdp, self.delta))
             return self._rdp_eps[1]
         if self._cache is not None and self._cache[0] == self.steps:
             return self._cache[1]
-        eps = epsilon_for(self.history, self.delta, "prv", self.eps_error)
+        hist = _private(self.history)
+        eps = self.method.epsilon(hist, self.delta) if hist else 0.0
         self._cache = (self.steps, eps)
         return eps
 
