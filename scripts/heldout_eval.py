@@ -33,6 +33,7 @@ from dpsub.data import load_dataset  # noqa: E402
 from dpsub.data.datasets import _subset_indices  # noqa: E402  (the trainer's own subset)
 from dpsub.data.subsets import balanced_pick  # noqa: E402
 from dpsub.models import build_model  # noqa: E402
+from dpsub.runs import CHECKPOINT, CONFIG, VALIDATION  # noqa: E402
 from dpsub.training.checkpoint import data_fingerprint, load_checkpoint  # noqa: E402
 from dpsub.training.trainer import evaluate  # noqa: E402
 
@@ -72,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     cache: dict = {}
     for run in args.runs:
-        if not (run / "config.yaml").is_file() or not (run / "checkpoint.pt").is_file():
-            fail(f"{run}: needs config.yaml and checkpoint.pt (a finished run dir)")
-        cfg = OmegaConf.load(run / "config.yaml")
+        if not (run / CONFIG).is_file() or not (run / CHECKPOINT).is_file():
+            fail(f"{run}: needs {CONFIG} and {CHECKPOINT} (a finished run dir)")
+        cfg = OmegaConf.load(run / CONFIG)
         ckpt = load_checkpoint(run)
         x, y, num_classes, fp = heldout(cfg, args.val_size, args.val_seed, cache)
         if ckpt.get("data_fingerprint") != fp:
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         model.load_state_dict(ckpt["state"]["model"])
         acc, loss = evaluate(model, x, y, int(cfg.train.eval_batch_size))
         out = {"val_accuracy": acc, "val_loss": loss, "val_size": len(y), "val_seed": args.val_seed}
-        (run / "validation.json").write_text(json.dumps(out, indent=2) + "\n")
+        (run / VALIDATION).write_text(json.dumps(out, indent=2) + "\n")
         print(f"{run}\tval accuracy {100 * acc:.2f}%\tval loss {loss:.4f}")
     return 0
 

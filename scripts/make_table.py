@@ -107,16 +107,12 @@ def public_projection(run_dir: Path, data_root: str | None, n: int) -> dict | No
         return None
     import torch
 
-    from dpsub.training.checkpoint import load_checkpoint
-    from dpsub.training.run import build_run, load_run_state
+    from dpsub.training.run import load_finished_run
 
     cfg = RunDir(run_dir).config()
-    if data_root:
-        cfg.data.root = data_root
     if cfg.dataset.get("validation_size") or cfg.mechanism.name not in ("gep", "bgep"):
         return None  # a tuning run evaluates on private examples; no anchor subspace
-    run = build_run(cfg)
-    load_run_state(run, load_checkpoint(run_dir, map_location=run.device)["state"])
+    run = load_finished_run(run_dir, data_root)
     basis = run.mechanism.basis
     x, y = run.data.test_x[:n], run.data.test_y[:n]
     g_sum = torch.zeros(basis.dim, device=x.device)

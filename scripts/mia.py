@@ -28,7 +28,7 @@ except ImportError:  # a checkout without the package installed
     sys.path.insert(0, str(ROOT / "src"))
 
 from dpsub import runs  # noqa: E402
-from dpsub.runs import CHECKPOINT, CONFIG, RunDir  # noqa: E402
+from dpsub.runs import CHECKPOINT, CONFIG, MIA, SUMMARY, RunDir  # noqa: E402
 
 
 class RunError(Exception):
@@ -36,39 +36,29 @@ class RunError(Exception):
 
 
 def load(run_dir: Path, data_root: str | None):
-    """The rebuilt run with the checkpoint's model (RunError if anything is missing)."""
+    """The run restored from its checkpoint, and its step (RunError if anything is missing)."""
     try:
-        RunDir(run_dir).require(CONFIG, CHECKPOINT)
-        cfg = RunDir(run_dir).config()
+        RunDir(run_dir).require(CONFIG, CHECKPOINT)  # before torch is imported
     except runs.RunError as e:
         raise RunError(str(e)) from None
-    from dpsub.errors import exit_code  # torch is imported only for a plausible run dir
-    from dpsub.training.checkpoint import data_fingerprint, load_checkpoint
-    from dpsub.training.run import build_run
+    from dpsub.errors import exit_code
+    from dpsub.training.run import load_finished_run
 
-    if data_root is not None:
-        cfg.data.root = data_root
     try:
-        run = build_run(cfg)
+        run = load_finished_run(run_dir, data_root)
+    except runs.RunError as e:
+        raise RunError(str(e)) from None
     except Exception as e:  # noqa: BLE001 -- dpsub's config/data errors become one line
         if exit_code(e) is None:
             raise
-        raise RunError(f"{run_dir / 'config.yaml'}: {e}") from None
-    ckpt = load_checkpoint(run_dir, map_location=run.device)
-    fp = ckpt.get("data_fingerprint")
-    if fp is not None and fp != data_fingerprint(run.data.train_x, run.data.train_y):
-        raise RunError(
-            f"{run_dir}: the rebuilt private training set differs from the one the run trained "
-            "on (data fingerprint mismatch); check --data-root"
-        )
-    run.model.load_state_dict(ckpt["state"]["model"])
-    return run, ckpt["state"]["step"]
+        raise RunError(f"{run_dir / CONFIG}: {e}") from None
+    return run, run.step
 
 
 def uncover_summary(run_dir: Path) -> None:
     """The run dir now holds an un-noised result: its summary says so (a resume keeps it so,
     as the trainer treats a run dir with mia.json as uncovered)."""
-    path = run_dir / "summary.json"
+    path = run_dir / SUMMARY
     if not path.is_file():
         return
     summary = json.loads(path.read_text())
@@ -106,12 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         **{k.removeprefix("private/mia/"): v for k, v in result.items()},
         "covered_by_epsilon": False,  # computed from private data without noise
     }
-    (args.run_dir / "mia.json").write_text(json.dumps(out, indent=2) + "\n")
+    (args.run_dir / MIA).write_text(json.dumps(out, indent=2) + "\n")
     uncover_summary(args.run_dir)
     print(
         f"{args.run_dir}: membership-inference success {100 * out['success']:.2f}% "
         f"(95% CI {100 * out['ci_low']:.2f}-{100 * out['ci_high']:.2f}, "
-        f"{out['examples']} examples) -> {args.run_dir / 'mia.json'}"
+        f"{out['examples']} examples) -> {args.run_dir / MIA}"
     )
     return 0
 

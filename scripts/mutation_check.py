@@ -96,7 +96,7 @@ MUTANTS = (
         "N-counted-before-public-removal",
         "src/dpsub/training/run.py",
         "    n_train = int(data.train_y.shape[0])",
-        "    n_train = int(data.train_y.shape[0]) + (len(aux) if cfg.aux.name == 'public_train' else 0)",
+        "    n_train = int(data.train_y.shape[0]) + (len(aux) if s.aux['name'] == 'public_train' else 0)",
         ("tests/integration/test_run.py", "-k", "public_examples"),
     ),
     Mutant(

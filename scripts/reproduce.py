@@ -246,19 +246,15 @@ def matmul_gflops() -> float:
 def train_size(cfg: DictConfig, cache: dict) -> int | str:
     """N, the private training set of ``cfg`` (after aux and validation carve-outs), or a
     one-line reason it is unknown (the data is missing)."""
-    from dpsub.data.aux import build_aux
-    from dpsub.data.validation import carve_validation
-    from dpsub.training.run import load_data
+    from dpsub.config import validate
+    from dpsub.training.run import private_data
 
     key = json.dumps(
         [OmegaConf.to_container(cfg.dataset), OmegaConf.to_container(cfg.aux), cfg.seed]
     )
     if key not in cache:
         try:
-            data = load_data(cfg)
-            _, data = build_aux(cfg.aux, data, root=cfg.data.root, seed=cfg.seed)
-            if cfg.dataset.get("validation_size"):
-                data = carve_validation(data, int(cfg.dataset.validation_size), cfg.seed)
+            _, data = private_data(validate(cfg))  # what build_run trains on
             cache[key] = int(data.train_y.shape[0])
         except DataError as e:
             cache[key] = str(e).splitlines()[0]
@@ -425,13 +421,12 @@ def launch(jobs: list[tables.Job], sweep_dir: Path, hydra_ov: list[str]) -> None
 def _task(cfg: DictConfig) -> float:
     """One job: compose its config, then train, resume or skip it (dpsub.sweeps.run_job:
     a failure is logged and recorded in the sweep folder; the other jobs go on)."""
-    from hydra import compose
-
+    from dpsub.config import compose
     from dpsub.sweeps import run_job
     from dpsub.train import train_run
 
     job = json.loads(Path(cfg.reproduce.jobs).read_text())[int(cfg.reproduce.index)]
-    jcfg = compose(config_name="config", overrides=job["overrides"])  # validated by compose_all
+    jcfg = compose(job["overrides"])  # validated by compose_all (Hydra: hydra_main's)
     return run_job(jcfg, Path(job["dir"]), train_run, f"job {job['dir']}")
 
 

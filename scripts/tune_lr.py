@@ -5,8 +5,9 @@ For each learning rate of a grid, one real run (the trainer's own
 experiment given by Hydra overrides, except that ``--val-size`` class-balanced examples
 of the private training set are held out first and take the place of the test set:
 the run trains on the rest and is scored on them, so the test set is never looked at.
-The held-out examples are picked with the data's own balanced picker, seeded by the
-run seed (the same split for every learning rate and mechanism).
+The held-out examples are those ``dataset.validation_size`` would hold out
+(:func:`dpsub.data.validation.carve_validation`, seeded by the run seed: the same split
+for every learning rate and mechanism), taken before any auxiliary examples.
 
 As in the papers, the privacy cost of the tuning runs is not counted. Their private
 set is ``--val-size`` smaller than the real one (so q and the step count differ a little).
@@ -25,7 +26,6 @@ prints one line per run. A bad override or data path: one line, exit 2.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -41,35 +41,9 @@ try:
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(ROOT / "src"))
 
-from dpsub.data.subsets import balanced_pick  # noqa: E402
-from dpsub.errors import exit_code  # noqa: E402
-
-VAL_SEED_OFFSET = 7919  # the validation pick's generator: run seed + this
-
-
-def compose(overrides: list[str]):
-    from dpsub.config import compose as compose_config
-
-    return compose_config(overrides)
-
-
-def carve_validation(data, val_size: int, seed: int):
-    """``data`` with ``val_size`` class-balanced training examples moved to the test slot."""
-    if not 0 < val_size < len(data.train_y):
-        raise ValueError(
-            f"--val-size: must be in (0, {len(data.train_y)}) for this training set, got {val_size}"
-        )
-    gen = torch.Generator().manual_seed(seed + VAL_SEED_OFFSET)
-    idx = balanced_pick(data.train_y, val_size, data.num_classes, gen, fill=True)
-    keep = torch.ones(len(data.train_y), dtype=torch.bool)
-    keep[idx] = False
-    return dataclasses.replace(
-        data,
-        train_x=data.train_x[keep],
-        train_y=data.train_y[keep],
-        test_x=data.train_x[idx].clone(),
-        test_y=data.train_y[idx].clone(),
-    )
+from dpsub.config import compose  # noqa: E402
+from dpsub.data.validation import carve_validation  # noqa: E402  (dataset.validation_size's)
+from dpsub.errors import ConfigError, exit_code  # noqa: E402
 
 
 def configs(overrides: list[str], lrs: list[float]) -> list:
@@ -92,7 +66,10 @@ def one_run(cfg, val_size: int) -> dict:
     from dpsub.training.run import build_run, load_data, train_step
     from dpsub.training.trainer import evaluate
 
-    data = carve_validation(load_data(cfg), val_size, int(cfg.seed))
+    try:
+        data = carve_validation(load_data(cfg), val_size, int(cfg.seed))
+    except ConfigError as e:  # the size came from --val-size
+        raise ValueError(f"--val-size: {str(e).split(': ', 1)[1]}") from None
     run = build_run(cfg, data=data)
     t0 = time.perf_counter()
     while run.step < run.total_steps:

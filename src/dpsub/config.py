@@ -11,41 +11,27 @@ consume them, so a config file and its class cannot drift apart silently.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dpsub.choices import ACCOUNTANTS, BACKENDS, RNGS, SAMPLINGS
+from dpsub.choices import ACCOUNTANTS, BACKENDS, DATASETS, RNGS, SAMPLINGS
+from dpsub.declare import check_declared, opt
 from dpsub.errors import ConfigError
+from dpsub.overrides import compose, config_context  # Hydra composition, one place
 
-__all__ = ["ConfigError", "check_against_data", "check_environment", "compose", "validate"]
-
-
-def compose(
-    overrides: Sequence[str] = (),
-    *,
-    config_name: str = "config",
-    return_hydra_config: bool = False,
-) -> DictConfig:
-    """``conf/<config_name>.yaml`` (``config``: training, ``dpsub_audit``: audits) composed
-    with Hydra ``overrides``, as the command line composes it.
-
-    The one place scripts and tests compose a config (not validated: see :func:`validate`).
-    """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from dpsub.paths import conf_dir
-
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return hydra_compose(
-            config_name=config_name,
-            overrides=list(overrides),
-            return_hydra_config=return_hydra_config,
-        )
+__all__ = [
+    "ConfigError",
+    "Settings",
+    "check_against_data",
+    "check_environment",
+    "compose",
+    "config_context",
+    "typed_group",
+    "validate",
+]
 
 
 @dataclass
@@ -56,38 +42,38 @@ class DataSchema:
 
 @dataclass
 class DatasetSchema:
-    name: str = "digits"
-    train_size: int | None = None
+    name: str = opt("digits", choices=DATASETS)
+    train_size: int | None = opt(None, ge=1)
     balanced: bool = True
-    image_size: int | None = None
+    image_size: int | None = opt(None, ge=1)
     use_extra: bool = False
     synthetic: dict[str, Any] | None = None
-    validation_size: int | None = None
+    validation_size: int | None = opt(None, ge=1)
 
 
 @dataclass
 class PrivacySchema:
-    epsilon: float = 2.0
-    delta: float = 1e-5
-    accountant: str = "rdp"
-    sampling: str = "poisson"
-    noise_multiplier: float | None = None
-    rng: str = "seeded"
+    epsilon: float = opt(2.0, gt=0)
+    delta: float = opt(1e-5, gt=0, lt=1)
+    accountant: str = opt("rdp", choices=ACCOUNTANTS)
+    sampling: str = opt("poisson", choices=SAMPLINGS)
+    noise_multiplier: float | None = opt(None, gt=0)
+    rng: str = opt("seeded", choices=RNGS)
     private_diagnostics: bool = False
 
 
 @dataclass
 class ScheduleSchema:
     milestones: list[float] = field(default_factory=list)
-    gamma: float = 0.1
+    gamma: float = opt(0.1, gt=0)
 
 
 @dataclass
 class OptimSchema:
-    name: str = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.0
-    weight_decay: float = 0.0
+    name: str = opt("sgd", choices=("sgd", "adam"))
+    lr: float = opt(0.1, gt=0)
+    momentum: float = opt(0.0, ge=0)
+    weight_decay: float = opt(0.0, ge=0)
     nesterov: bool = False
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     schedule: ScheduleSchema = field(default_factory=ScheduleSchema)
@@ -95,20 +81,21 @@ class OptimSchema:
 
 @dataclass
 class TrainSchema:
-    epochs: float = 30
-    batch_size: int = 256
-    max_steps: int | None = None
-    eval_every: int = 100
-    eval_batch_size: int = 2048
-    log_every: int = 10
-    checkpoint_every: int = 100
+    epochs: float = opt(30.0, gt=0)
+    batch_size: int = opt(256, ge=1)
+    max_steps: int | None = opt(None, ge=1)
+    eval_every: int = opt(100, ge=0)
+    eval_batch_size: int = opt(2048, ge=1)
+    log_every: int = opt(10, ge=0)
+    checkpoint_every: int = opt(100, ge=0)
     progress: bool = True
-    amp: str | None = None  # bf16: autocast of the forward/backward (docs/gpu.md)
+    # bf16: autocast of the forward/backward (docs/gpu.md)
+    amp: str | None = opt(None, choices=(None, "bf16"))
 
 
 @dataclass
 class GradsSchema:
-    backend: str = "vmap"
+    backend: str = opt("vmap", choices=BACKENDS)
     microbatch: Any = 256  # int >= 1, or "auto" (from available memory)
     compile: bool = False
 
@@ -116,7 +103,7 @@ class GradsSchema:
 @dataclass
 class LoggerSchema:
     name: str = "wandb"
-    mode: str = "auto"
+    mode: str = opt("auto", choices=("auto", "offline", "online", "disabled"))
     project: str = "dpsub"
     entity: str | None = None
     group: str | None = None
@@ -126,7 +113,7 @@ class LoggerSchema:
 @dataclass
 class EvalSchema:
     mia: bool = False
-    mia_examples: int | None = None
+    mia_examples: int | None = opt(None, ge=1)
 
 
 SCHEMAS = {
@@ -144,10 +131,12 @@ TOP_LEVEL = {
 }  # fmt: skip
 
 
-def _typed(group: str, node: DictConfig) -> DictConfig:
-    """Merge a group into its schema: wrong types and unknown keys raise ConfigError."""
+def typed_group(group: str, node: DictConfig | dict | None) -> DictConfig:
+    """A group merged into its schema (its defaults fill what the node lacks: an older
+    run's config, the PATE config's dataset); wrong types and unknown keys raise
+    ConfigError."""
     try:
-        return OmegaConf.merge(OmegaConf.structured(SCHEMAS[group]), node)
+        return OmegaConf.merge(OmegaConf.structured(SCHEMAS[group]), node or {})
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or getattr(e, "key", None) or "?"
         msg = str(e).splitlines()[0]
@@ -159,52 +148,69 @@ def _require(cond: bool, key: str, msg: str, value: Any) -> None:
         raise ConfigError(f"{key}: {msg}, got {value!r}")
 
 
-def _one_of(values: tuple[str, ...]) -> str:
-    return f"must be one of {values}"
+@dataclass(frozen=True)
+class Settings:
+    """A validated config, typed: what :func:`dpsub.training.run.build_run`, the trainer and
+    every mechanism read (never the raw config with defaults of their own).
 
-
-def validate(cfg: DictConfig) -> DictConfig:
-    """Check the whole config; return it unchanged (raises ConfigError).
-
-    Imports nothing heavy (no torch): an invalid config fails in well under a second.
-    Model option names are checked here (``dpsub.models.MODEL_OPTIONS``), their values
-    when the model is built (before anything is written).
+    Each group is its schema's structured node (every key present, typed, in range); the
+    model, mechanism and aux options are parsed once, here. ``cfg`` is the config as
+    composed (what ``config.yaml`` saves).
     """
-    from dpsub.data.aux_options import check_aux_config
-    from dpsub.data.names import DATASETS
-    from dpsub.mechanisms.options import SPECS, parse_options
-    from dpsub.models import MODEL_OPTIONS, MODELS
 
+    cfg: DictConfig
+    data: DataSchema
+    dataset: DatasetSchema
+    privacy: PrivacySchema
+    optim: OptimSchema
+    train: TrainSchema
+    grads: GradsSchema
+    logger: LoggerSchema
+    eval: EvalSchema
+    seed: int
+    device: str
+    model_name: str
+    model: dict[str, Any]  # the model's options (``name`` aside)
+    mechanism_name: str
+    mechanism: Any  # the declared options object (dpsub.mechanisms.options)
+    aux: dict[str, Any]  # the aux group, checked (dpsub.data.aux_options)
+
+
+def validate(cfg: DictConfig | Settings) -> Settings:
+    """Check the whole config; return its :class:`Settings` (raises ConfigError).
+
+    Ranges and allowed values are declared beside each default (``opt()``); what spans
+    several keys is checked below. Imports nothing heavy (no torch): an invalid config fails
+    in well under a second. Model option names are checked here
+    (``dpsub.models.MODEL_OPTIONS``), their values when the model is built (before anything
+    is written). Settings given back are returned as they are.
+    """
+    if isinstance(cfg, Settings):
+        return cfg
     for key in cfg:
         _require(key in TOP_LEVEL, str(key), "unknown top-level key", key)
     # a group a run saved by an older dpsub lacks (resume) takes the schema's defaults
-    typed = {g: _typed(g, cfg.get(g) or {}) for g in SCHEMAS}
+    typed = {g: typed_group(g, cfg.get(g)) for g in SCHEMAS}
+    for g, node in typed.items():
+        check_declared(node, SCHEMAS[g], g)
+    _check_combinations(typed)
+    _require(
+        cfg.device == "auto" or str(cfg.device).startswith(("cpu", "cuda", "mps")),
+        "device",
+        "must be auto, cpu, cuda or cuda:N",
+        cfg.device,
+    )
+    model_name, model = _model_options(cfg)
+    mechanism_name, mechanism, aux = _mechanism_options(cfg, typed["privacy"])
+    return Settings(
+        cfg=cfg, **typed, seed=int(cfg.seed), device=str(cfg.device), model_name=model_name,
+        model=model, mechanism_name=mechanism_name, mechanism=mechanism, aux=aux,
+    )  # fmt: skip
 
-    p = typed["privacy"]
-    _require(p.epsilon > 0, "privacy.epsilon", "must be > 0", p.epsilon)
-    _require(0 < p.delta < 1, "privacy.delta", "must be in (0, 1)", p.delta)
-    _require(p.accountant in ACCOUNTANTS, "privacy.accountant", _one_of(ACCOUNTANTS), p.accountant)
-    _require(p.sampling in SAMPLINGS, "privacy.sampling", _one_of(SAMPLINGS), p.sampling)
-    if p.noise_multiplier is not None:
-        _require(
-            p.noise_multiplier > 0, "privacy.noise_multiplier", "must be > 0", p.noise_multiplier
-        )
-    _require(p.rng in RNGS, "privacy.rng", _one_of(RNGS), p.rng)
 
-    t = typed["train"]
-    _require(t.epochs > 0, "train.epochs", "must be > 0", t.epochs)
-    _require(t.batch_size >= 1, "train.batch_size", "must be >= 1", t.batch_size)
-    if t.max_steps is not None:
-        _require(t.max_steps >= 1, "train.max_steps", "must be >= 1", t.max_steps)
-    for k in ("eval_every", "log_every", "checkpoint_every"):
-        _require(t[k] >= 0, f"train.{k}", "must be >= 0", t[k])
-    m = typed["eval"].mia_examples
-    _require(m is None or m >= 1, "eval.mia_examples", "must be >= 1 (or null)", m)
-    _require(t.eval_batch_size >= 1, "train.eval_batch_size", "must be >= 1", t.eval_batch_size)
-
-    g = typed["grads"]
-    _require(g.backend in BACKENDS, "grads.backend", _one_of(BACKENDS), g.backend)
-    _require(t.amp in (None, "bf16"), "train.amp", "must be null or bf16", t.amp)
+def _check_combinations(typed: dict[str, DictConfig]) -> None:
+    """What one key's declaration cannot say."""
+    t, g, o = typed["train"], typed["grads"], typed["optim"]
     _require(
         t.amp is None or g.backend == "vmap",
         "train.amp",
@@ -215,11 +221,6 @@ def validate(cfg: DictConfig) -> DictConfig:
     mb = g.microbatch
     ok = mb == "auto" or (isinstance(mb, int) and not isinstance(mb, bool) and mb >= 1)
     _require(ok, "grads.microbatch", "must be an integer >= 1 or auto", mb)
-
-    o = typed["optim"]
-    _require(o.name in ("sgd", "adam"), "optim.name", "must be sgd or adam", o.name)
-    _require(o.lr > 0, "optim.lr", "must be > 0", o.lr)
-    _require(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0", o.weight_decay)
     ms = list(o.schedule.milestones)
     _require(
         all(0 < m < 1 for m in ms) and ms == sorted(ms),
@@ -228,47 +229,37 @@ def validate(cfg: DictConfig) -> DictConfig:
         ms,
     )
 
-    lg = typed["logger"]
-    modes = ("auto", "offline", "online", "disabled")
-    _require(lg.mode in modes, "logger.mode", f"must be one of {modes}", lg.mode)
 
-    d = typed["dataset"]
-    _require(
-        d.name in DATASETS, "dataset.name", f"unknown dataset; choose from {list(DATASETS)}", d.name
-    )
-    if d.train_size is not None:
-        _require(d.train_size >= 1, "dataset.train_size", "must be >= 1", d.train_size)
-    if d.validation_size is not None:
-        _require(
-            d.validation_size >= 1, "dataset.validation_size", "must be >= 1", d.validation_size
-        )
-
-    _require(
-        cfg.device == "auto" or str(cfg.device).startswith(("cpu", "cuda", "mps")),
-        "device",
-        "must be auto, cpu, cuda or cuda:N",
-        cfg.device,
-    )
+def _model_options(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
+    from dpsub.models import MODEL_OPTIONS, MODELS
 
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    name = model.get("name")
+    name = model.pop("name", None)
     _require(name in MODELS, "model.name", f"unknown model; choose from {sorted(MODELS)}", name)
     for key in model:
         options = MODEL_OPTIONS[name]
-        if key != "name" and key not in options:
+        if key not in options:
             near = difflib.get_close_matches(key, options, n=3, cutoff=0.6)
             hint = f"closest: {', '.join(near)}" if near else f"its options: {', '.join(options)}"
             raise ConfigError(f"model.{key}: not an option of model {name}; {hint}")
+    return name, model
+
+
+def _mechanism_options(cfg: DictConfig, p: DictConfig) -> tuple[str, Any, dict[str, Any]]:
+    from dpsub.data.aux_options import aux_options, check_aux_config
+    from dpsub.mechanisms.options import SPECS, parse_options
 
     mech = OmegaConf.to_container(cfg.mechanism, resolve=True)
     name = mech.pop("name", None)
-    _check_measured(name, parse_options(name, mech), p)
-    check_aux_config(OmegaConf.to_container(cfg.aux, resolve=True))
-    if SPECS[name].needs_aux and cfg.aux.name == "none":
+    options = parse_options(name, mech)
+    _check_measured(name, options, p)
+    aux = aux_options(cfg.aux)
+    check_aux_config(aux)
+    if SPECS[name].needs_aux and aux.get("name") == "none":
         raise ConfigError(
             f"aux.name: mechanism {name!r} needs auxiliary data; choose e.g. aux=natural"
         )
-    return cfg
+    return name, options, aux
 
 
 def _check_measured(name: str, options: Any, p: DictConfig) -> None:

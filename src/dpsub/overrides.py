@@ -13,12 +13,16 @@ the closest valid names:
   has the key when the chosen one lacks it (``mechanism.num_bases`` without ``mechanism=gep``).
 
 Keys added with ``+KEY=VALUE`` are left to :func:`dpsub.config.validate`.
+
+:func:`compose` (also ``dpsub.config.compose``) is the one place Hydra composes a config.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import itertools
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -26,10 +30,57 @@ from omegaconf import DictConfig, OmegaConf
 from dpsub.errors import ConfigError
 from dpsub.paths import conf_dir
 
-__all__ = ["check_overrides", "config_groups", "group_options", "unknown_key", "closest"]
+__all__ = [
+    "check_overrides",
+    "closest",
+    "compose",
+    "config_context",
+    "config_groups",
+    "group_options",
+    "unknown_key",
+]
 
 #: Folders of conf/ that are not Hydra config groups a run can select.
 NOT_GROUPS = {"hydra": "Hydra's own settings", "paper": "paper tables (dpsub-reproduce TABLE)"}
+
+
+# --------------------------------------------------------------- composing
+def compose(
+    overrides: Sequence[str] = (),
+    *,
+    config_name: str = "config",
+    return_hydra_config: bool = False,
+) -> DictConfig:
+    """``conf/<config_name>.yaml`` (``config``: training, ``dpsub_audit``: audits,
+    ``dpsub_pate``: PATE) composed with Hydra ``overrides``, as the command line composes it.
+
+    The one place scripts, tests and the library compose a config (not validated: see
+    :func:`dpsub.config.validate`). Inside :func:`config_context` (or a ``@hydra.main`` task, which
+    initializes Hydra on the same folder) it reuses that initialization.
+    """
+    from hydra import compose as hydra_compose
+    from hydra.core.global_hydra import GlobalHydra
+
+    def run() -> DictConfig:
+        return hydra_compose(
+            config_name=config_name,
+            overrides=list(overrides),
+            return_hydra_config=return_hydra_config,
+        )
+
+    if GlobalHydra.instance().is_initialized():
+        return run()
+    with config_context():
+        return run()
+
+
+@contextlib.contextmanager
+def config_context() -> Iterator[None]:
+    """Hydra initialized on the config folder once, for many :func:`compose` calls."""
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        yield
 
 
 def config_groups() -> list[str]:
@@ -164,12 +215,10 @@ def check_overrides(overrides: list[str]) -> None:
 
 
 def _check_keys(keys: list[str], choices: list[list[str]]) -> None:
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+    with config_context():
         for job in itertools.product(*[c for c in choices if c]):
             try:
-                cfg = compose(config_name="config", overrides=list(job))
+                cfg = compose(job)
             except Exception as e:  # noqa: BLE001 -- Hydra's own message, one line
                 first = str(e).strip().splitlines()[0]
                 raise ConfigError(f"{' '.join(job)}: {first}") from None
@@ -188,11 +237,9 @@ def apply_to_saved(saved: DictConfig, overrides: list[str]) -> DictConfig:
     default one. Whether a change is allowed on resume is checked afterwards
     (:func:`dpsub.training.checkpoint.changed_keys`). Raises ConfigError (one line).
     """
-    from hydra import compose, initialize_config_dir
-
     cfg = saved.copy()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        default = compose(config_name="config")
+    with config_context():
+        default = compose()
         for o in _parse(overrides):
             name, text = o.key_or_group, o.input_line
             if o.is_sweep_override():
@@ -200,7 +247,7 @@ def apply_to_saved(saved: DictConfig, overrides: list[str]) -> DictConfig:
             if name in config_groups() or name == "paper":
                 option = o.get_value_element_as_str()
                 _check_option(name, option)
-                node = compose(config_name="config", overrides=[f"{name}={option}"])[name]
+                node = compose([f"{name}={option}"])[name]
                 OmegaConf.update(cfg, name, node, merge=False, force_add=True)
                 continue
             msg = unknown_key(cfg, name)

@@ -31,6 +31,8 @@ __all__ = [
     "CONFIG",
     "LOG",
     "METRICS",
+    "MIA",
+    "VALIDATION",
     "SMALL_FILES",
     "SUMMARY",
     "RunDir",
@@ -49,10 +51,11 @@ SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 LOG = "train.log"
 CHECKPOINT = "checkpoint.pt"
+VALIDATION = "validation.json"  # scripts/heldout_eval.py
+MIA = "mia.json"  # scripts/mia.py (the run is then not covered by its epsilon)
 #: What a results folder keeps of a run (never the checkpoint).
 SMALL_FILES = (
-    CONFIG, SUMMARY, METRICS, LOG,
-    "validation.json", "mia.json", "public_projection.json",
+    CONFIG, SUMMARY, METRICS, LOG, VALIDATION, MIA, "public_projection.json",
 )  # fmt: skip
 
 _ROOT = Path(__file__).resolve().parents[2]  # the checkout (for git)
@@ -128,6 +131,17 @@ class RunDir:
             raise RunError(
                 f"{self.config_path}: not a readable YAML file ({type(e).__name__})"
             ) from None
+
+    def config_on(self, data_root: str | Path):
+        """The saved config with its data moved to ``data_root`` (another machine's data
+        folder): ``data.root`` and every aux path under the old root follow it."""
+        cfg = self.config()
+        old = str(cfg.data.root).rstrip("/") + "/"
+        path = cfg.aux.get("path") if "aux" in cfg else None
+        if path and str(path).startswith(old):
+            cfg.aux.path = str(Path(data_root) / str(path)[len(old) :])
+        cfg.data.root = str(data_root)
+        return cfg
 
     def config_dict(self) -> dict:
         from omegaconf import OmegaConf

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dpsub import stats
 from dpsub.paths import project_root
-from dpsub.runs import RunDir, find_runs
+from dpsub.runs import MIA, VALIDATION, RunDir, find_runs
 
 __all__ = ["STUDIES", "collect", "render", "study_dir"]
 
@@ -79,7 +79,7 @@ RGP_PAPER = {"dpsgd": 55.9, "dppowersgd": 57.1, "rgp_random": 51.0, "rgp": 63.4}
 
 def _rgp_row(run: RunDir) -> tuple:
     cfg, s = run.config_dict(), run.summary()
-    v = (run.json("validation.json") or {}).get("val_accuracy")
+    v = (run.json(VALIDATION) or {}).get("val_accuracy")
     return cfg["mechanism"], cfg["optim"]["lr"], s, v
 
 
@@ -140,7 +140,7 @@ def dphero(runs: Path) -> str:
             nominal = s.get("epsilon_nominal", s["epsilon"])
             lines.append(
                 f"| {sigma} | {HERO_NAMES[mech]} | {100 * s['test_accuracy']:.2f}% | {nominal:.3f} | "
-                f"{s['epsilon']:.4g} | {_scales(run.metrics())} | {_mia_cell(run.json('mia.json'))} |"
+                f"{s['epsilon']:.4g} | {_scales(run.metrics())} | {_mia_cell(run.json(MIA))} |"
             )
     lines += [
         "",
@@ -151,7 +151,7 @@ def dphero(runs: Path) -> str:
     for run in find_runs(runs):
         if not run.path.name.startswith("mia_"):
             continue
-        s, cfg, mia = run.summary(), run.config_dict(), run.json("mia.json")
+        s, cfg, mia = run.summary(), run.config_dict(), run.json(MIA)
         eps = float(s["epsilon"])  # "inf" for the non-private run
         eps = "inf" if eps == float("inf") else f"{eps:.3f}"
         size = cfg["dataset"].get("train_size") or 60_000  # null: all of MNIST's training set

@@ -30,40 +30,38 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from dpsub.errors import ConfigError, DataError, exit_code
+from dpsub.runs import CHECKPOINT, SUMMARY
 
 FAILED = "failed_jobs.jsonl"
-SUMMARY = "summary.json"
-CHECKPOINT = "checkpoint.pt"  # dpsub.training.checkpoint.CKPT_NAME (torch-free here)
 log = logging.getLogger("dpsub")
 
 
 # ------------------------------------------------------------ before the sweep
-def check_jobs(jobs: list[list[str]], hydra_overrides: list[str], conf_dir: str) -> str | None:
+def check_jobs(jobs: list[list[str]], hydra_overrides: list[str]) -> str | None:
     """Compose, validate and look for the data of every job (``key=value`` lists).
 
     Prints one line per failing job on stderr and exits 2; else prints the plan and
     returns the sweep folder (``hydra.sweep.dir`` resolved once, None if it cannot be).
     """
-    from hydra import compose, initialize_config_dir
-
-    from dpsub.config import check_environment, validate
+    from dpsub.config import check_environment, compose, config_context, validate
 
     errors, plans, sweep_dir = [], [], None
     swept = {
         o for o in {o for job in jobs for o in job} if sum(o in job for job in jobs) < len(jobs)
     }
-    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+    with config_context():
         for i, job in enumerate(jobs):
             where = f"sweep job {i} ({' '.join(o for o in job if o in swept) or 'defaults'})"
             try:
-                cfg = validate(compose(config_name="config", overrides=job))
+                cfg = compose(job)
+                validate(cfg)
                 check_environment(cfg)  # data files, W&B key, device: torch-free for cpu
             except (ConfigError, DataError) as e:
                 errors.append(f"dpsub: {where}: {e}")
                 continue
             plans.append(f"  job {i}: {plan_of(cfg)}")
         if not errors and jobs:
-            sweep_dir = _sweep_dir(jobs[0], hydra_overrides, compose)
+            sweep_dir = _sweep_dir(jobs[0], hydra_overrides)
     if errors:
         for line in errors:
             print(line, file=sys.stderr)
@@ -84,11 +82,11 @@ def plan_of(cfg: DictConfig) -> str:
     return plan_line(cfg).removeprefix("plan: ")
 
 
-def _sweep_dir(job: list[str], hydra_overrides: list[str], compose) -> str | None:
+def _sweep_dir(job: list[str], hydra_overrides: list[str]) -> str | None:
+    from dpsub.config import compose
+
     try:
-        cfg = compose(
-            config_name="config", overrides=[*job, *hydra_overrides], return_hydra_config=True
-        )
+        cfg = compose([*job, *hydra_overrides], return_hydra_config=True)
         return str(cfg.hydra.sweep.dir)
     except Exception:  # noqa: BLE001 -- an unusual sweep dir: Hydra resolves it itself
         return None

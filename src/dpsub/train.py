@@ -188,7 +188,7 @@ def validate_sweep(args: list[str]) -> str | None:
         jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     except Exception:  # noqa: BLE001 -- a syntax Hydra itself will report
         return None
-    return check_jobs(jobs, hydra_ov, CONF_DIR)
+    return check_jobs(jobs, hydra_ov)
 
 
 def multirun(args: list[str]) -> None:

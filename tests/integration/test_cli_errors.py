@@ -147,11 +147,9 @@ def test_config_and_environment_errors_do_not_import_torch(tmp_path):
     """The checks run before torch is imported (torch's import is most of a 20 s start)."""
     code = f"""
 import sys
-from hydra import compose, initialize_config_dir
-from dpsub.config import ConfigError, _gpu_driver_present, check_environment, validate
+from dpsub.config import ConfigError, _gpu_driver_present, check_environment, compose, validate
 from dpsub.errors import DataError
 from dpsub.overrides import check_overrides
-from dpsub.paths import conf_dir
 for bad in (["experiment=nope"], ["model.depthh=3"], ["mechanism.num_bases=5"]):
     try:
         check_overrides(bad)
@@ -160,17 +158,16 @@ for bad in (["experiment=nope"], ["model.depthh=3"], ["mechanism.num_bases=5"]):
         pass
 cases = [["mechanism=dphero"], ["data.root={tmp_path}", "dataset=mnist"],
          ["logger.mode=online"], ["device=cuda"], ["+model.depthh=1"]]
-with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-    for ov in cases:
-        if ov == ["device=cuda"] and _gpu_driver_present():
-            continue  # checked with torch there
-        try:
-            cfg = compose("config", overrides=ov)
-            validate(cfg)
-            check_environment(cfg)
-            raise SystemExit(f"not refused: {{ov}}")
-        except (ConfigError, DataError):
-            pass
+for ov in cases:
+    if ov == ["device=cuda"] and _gpu_driver_present():
+        continue  # checked with torch there
+    try:
+        cfg = compose(ov)
+        validate(cfg)
+        check_environment(cfg)
+        raise SystemExit(f"not refused: {{ov}}")
+    except (ConfigError, DataError):
+        pass
 assert "torch" not in sys.modules, "torch was imported"
 print("ok")
 """

@@ -80,10 +80,8 @@ def test_installed_package_carries_its_configs(installed: Path, tmp_path: Path) 
 def test_installed_configs_compose(installed: Path, tmp_path: Path) -> None:
     """Hydra composes the packaged configs, groups included, in the installed venv."""
     code = (
-        "from hydra import compose, initialize_config_dir\n"
-        "from dpsub.paths import conf_dir\n"
-        "with initialize_config_dir(config_dir=str(conf_dir()), version_base='1.3'):\n"
-        "    cfg = compose('config', overrides=['dataset=mnist', 'mechanism=gep', 'aux=natural'])\n"
+        "from dpsub.config import compose\n"
+        "cfg = compose(['dataset=mnist', 'mechanism=gep', 'aux=natural'])\n"
         "print(cfg.dataset.name, cfg.mechanism.name, cfg.aux.name)\n"
     )
     assert _run(installed, "-c", code, cwd=tmp_path).split() == ["mnist", "gep", "natural"]

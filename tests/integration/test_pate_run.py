@@ -9,13 +9,12 @@ import sys
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from dpsub.config import compose
 from dpsub.pate import run as pate_run
 from dpsub.pate.cli import run_pate
 from dpsub.pate.teachers import TeacherOptions, train_chunk
-from dpsub.train import CONF_DIR
 
 from conftest import REPO
 
@@ -27,8 +26,7 @@ TINY = [
 
 
 def _cfg(*extra):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="dpsub_pate", overrides=[*TINY, *extra])
+    return compose([*TINY, *extra], config_name="dpsub_pate")
 
 
 def test_vmapped_teachers_equal_teachers_trained_alone():

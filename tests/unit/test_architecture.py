@@ -4,6 +4,10 @@ Every package (or top-level module) of dpsub has a rank; a module may import its
 package and packages of a lower rank only, lazily (inside a function) or under
 ``TYPE_CHECKING`` included. So ``grads`` and ``subspace`` no longer import each other,
 evaluation does not import training, and the privacy core imports nothing above it.
+
+Beside the layers: the code reads the validated, typed Settings (never the raw config with
+defaults of its own), the accountant is chosen by one registry lookup, Hydra composes a
+config in one place, and each enumeration of :mod:`dpsub.choices` has its implementations.
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ import re
 import sys
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "dpsub"
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "src" / "dpsub"
 
 #: Lower ranks are imported by higher ones, never the reverse.
 LAYERS = {
     "choices": 0,  # enumerations a config chooses from (torch-free)
+    "declare": 1,  # opt(): an option's default, range and help, and their check (torch-free)
     "errors": 0,
     "paths": 0,
     "privacy": 1,  # noise, sampling, calibration, the account: needs only errors
@@ -130,7 +136,7 @@ def test_accounting_policy_is_compared_only_in_privacy():
     assert hits == []
 
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
 
 
 def test_tests_live_in_their_tier_and_only_e2e_is_slow():
@@ -142,3 +148,91 @@ def test_tests_live_in_their_tier_and_only_e2e_is_slow():
         for path in (TESTS / tier).glob("*.py"):
             marked = "pytest.mark." + "slow"  # (spelled so that this file passes its own check)
             assert marked not in path.read_text(), f"{path}: slow tests go to tests/e2e/"
+
+
+def _grep(pattern: str, files, skip=()) -> list[str]:
+    rx = re.compile(pattern)
+    return [
+        f"{p.relative_to(REPO)}:{i}"
+        for p in sorted(files)
+        if p.relative_to(REPO).as_posix() not in skip
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if rx.search(line)
+    ]
+
+
+def _py(*folders: str):
+    return [p for f in folders for p in (REPO / f).rglob("*.py")]
+
+
+def test_the_code_reads_typed_settings_not_the_raw_config_with_defaults():
+    """No ``cfg.get(key, default)`` / ``OmegaConf.select`` after validation: a default lives
+    in the schema (config.py) or the option's declaration, once."""
+    folders = (
+        "src/dpsub/training",
+        "src/dpsub/mechanisms",
+        "src/dpsub/grads",
+        "src/dpsub/subspace",
+    )
+    raw = r"\bcfg\b(\.\w+)*\.get\(|OmegaConf\.select\("
+    assert _grep(raw, _py(*folders)) == []
+    # a mechanism takes its parsed options (Settings.mechanism), never a config
+    assert _grep(r"\bcfg\b|DictConfig", _py("src/dpsub/mechanisms")) == []
+
+
+def test_every_ranged_schema_field_is_declared_with_opt():
+    """Numbers and enumerations of the config schemas carry their range in ``opt()``."""
+    import dataclasses
+
+    from dpsub.config import SCHEMAS, ScheduleSchema
+
+    missing = [
+        f"{group}.{f.name}"
+        for group, cls in [*SCHEMAS.items(), ("optim.schedule", ScheduleSchema)]
+        for f in dataclasses.fields(cls)
+        if f.type in ("int", "float", "int | None", "float | None", "str") and not f.metadata
+    ]
+    free = {"data.root", "logger.name", "logger.project"}  # no range to declare
+    assert sorted(set(missing) - free) == []
+
+
+def test_the_accountant_is_chosen_by_one_registry_lookup():
+    """No comparison with an accountant's name anywhere; one lookup in the registry."""
+    names = r"(==|!=)\s*[\"'](rdp|prv)[\"']|[\"'](rdp|prv)[\"']\s*(==|!=)|accountant\s*[!=]="
+    assert _grep(names, _py("src/dpsub")) == []
+    assert len(_grep(r"ACCOUNTANT_CLASSES\[", _py("src/dpsub"))) == 1
+
+
+def test_hydra_composes_a_config_in_one_place():
+    """Scripts, tests and the library call ``dpsub.config.compose`` (defined in overrides.py;
+    no hand-written Hydra initialization, no stale resolver imports)."""
+    files = _py("src", "scripts", "tests")
+    me = "tests/unit/test_architecture.py"
+    assert (
+        _grep(r"initialize_config_dir|from hydra import", files, {"src/dpsub/overrides.py", me})
+        == []
+    )
+    assert _grep(r"import dpsub\.train\s+#.*resolvers", files, {me}) == []
+
+
+def test_each_enumeration_has_its_implementations():
+    from dpsub import choices
+    from dpsub.data.datasets import LOADERS
+    from dpsub.grads.engine import BACKEND_CLASSES
+    from dpsub.privacy.accountant import ACCOUNTANT_CLASSES
+    from dpsub.privacy.sampling import build_sampler
+
+    assert tuple(ACCOUNTANT_CLASSES) == choices.ACCOUNTANTS
+    assert tuple(BACKEND_CLASSES) == choices.BACKENDS
+    assert set(LOADERS) == set(choices.DATASETS)
+    for kind in choices.SAMPLINGS:
+        assert build_sampler(kind, 10, 2, lambda n: None) is not None
+
+
+def test_run_dir_file_names_come_from_runs():
+    """``summary.json``, ``config.yaml``... are named in dpsub/runs.py (RunDir), not spelled
+    out across the code (PATE's and the GPU kit's own writers aside, for now)."""
+    names = r"[\"'](summary\.json|metrics\.jsonl|train\.log|checkpoint\.pt|mia\.json|validation\.json)[\"']"
+    pending = {"src/dpsub/runs.py", "src/dpsub/pate/cli.py", "src/dpsub/gpu/cells.py",
+               "scripts/pdpsgd_study.py"}  # fmt: skip
+    assert _grep(names, _py("src/dpsub", "scripts"), pending) == []

@@ -20,6 +20,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from dpsub.errors import ConfigError
+from dpsub.runs import CONFIG, LOG, SUMMARY
 from dpsub.train import CONF_DIR, fail, job_dir
 
 log = logging.getLogger("dpsub")
@@ -87,7 +88,7 @@ def write(run_dir: Path, cfg: DictConfig, audit: DictConfig, report: dict, run) 
     from dpsub.training.progress import attach_run_log
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.merge(cfg, {"audit": audit}), run_dir / "config.yaml")
+    OmegaConf.save(OmegaConf.merge(cfg, {"audit": audit}), run_dir / CONFIG)
     summary = {
         "steps": report["steps"],
         "epsilon": report["epsilon_upper"],
@@ -100,9 +101,9 @@ def write(run_dir: Path, cfg: DictConfig, audit: DictConfig, report: dict, run) 
 
         acc, loss = evaluate(run.model, run.data.test_x, run.data.test_y, cfg.train.eval_batch_size)
         summary.update(test_accuracy=acc, test_loss=loss)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (run_dir / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     (run_dir / "audit.json").write_text(json.dumps(report, indent=2, default=float) + "\n")
-    detach = attach_run_log(run_dir / "train.log")
+    detach = attach_run_log(run_dir / LOG)
     try:
         log.info(audit_line(report))
     finally:

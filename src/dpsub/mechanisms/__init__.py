@@ -25,13 +25,15 @@ def _load() -> Any:
     return importlib.import_module("dpsub.mechanisms.base")
 
 
-def build_mechanism(name: str, **options):
+def build_mechanism(name: str, parsed: Any = None, /, **options):
+    """The mechanism ``name`` with its options: ``parsed`` (the declared options object,
+    as in Settings.mechanism) or keyword ``options`` (parsed and checked here)."""
     registry = _load().MECHANISMS
     if name not in registry:
         raise ValueError(
             f"mechanism.name: unknown mechanism {name!r}; choose from {sorted(registry)}"
         )
-    return registry[name](**options)
+    return registry[name](parsed, **options)
 
 
 def __getattr__(name: str) -> Any:

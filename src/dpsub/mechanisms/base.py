@@ -110,8 +110,16 @@ class Mechanism(ABC):
     needs_aux: ClassVar[bool] = False
     accounting: str = "planned"  # "planned" | "measured" (see the module docstring)
 
-    def __init__(self, **options: Any):
-        self.opts = parse_options(self.name, options)
+    def __init__(self, parsed: Any = None, /, **options: Any):
+        """``parsed``: the options object the config validator made (Settings.mechanism),
+        used as it is; else the keyword ``options`` are parsed and checked here."""
+        if parsed is None:
+            parsed = parse_options(self.name, options)
+        elif options or type(parsed) is not self.spec.options:
+            raise TypeError(
+                f"{self.name}: give either a {self.spec.options.__name__} or keyword options"
+            )
+        self.opts = parsed
         self.engine: GradEngine | None = None
         self.aux = None
 

@@ -85,8 +85,8 @@ class DPHero(Mechanism):
 
     floor: ClassVar[bool] = False
 
-    def __init__(self, **options: Any):
-        super().__init__(**options)
+    def __init__(self, parsed: Any = None, /, **options: Any):
+        super().__init__(parsed, **options)
         self.accounting = "planned" if self.floor else self.opts.accounting
 
     def noise_blocks(self) -> tuple[list[NoiseBlock], Tensor]:

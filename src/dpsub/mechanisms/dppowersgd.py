@@ -28,8 +28,8 @@ from dpsub.subspace.lowrank import powersgd, powersgd_start
 
 @register("dppowersgd")
 class DPPowerSGD(Mechanism):
-    def __init__(self, **options):
-        super().__init__(**options)
+    def __init__(self, parsed=None, /, **options):
+        super().__init__(parsed, **options)
         self.Q: dict[str, Tensor] = {}  # per weight: (in*kh*kw, r), PowerSGD's warm start
         self.error: dict[str, Tensor] = {}  # per weight: last compression error (feedback)
 

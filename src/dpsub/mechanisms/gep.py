@@ -59,8 +59,8 @@ from dpsub.subspace import (
 class GEP(Mechanism):
     release_residual = True
 
-    def __init__(self, **options):
-        super().__init__(**options)
+    def __init__(self, parsed=None, /, **options):
+        super().__init__(parsed, **options)
         self.basis: GroupedBasis | None = None
         self.refit = Refit(self.opts.subspace_every)  # any fit
         self.fresh = Refit(self.opts.refresh_every)  # a fit from a random start

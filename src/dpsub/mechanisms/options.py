@@ -17,18 +17,13 @@ To declare a mechanism::
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from dpsub.declare import check_value, opt
 from dpsub.errors import ConfigError
 
 __all__ = ["SPECS", "MechanismSpec", "declare", "opt", "parse_options"]
-
-
-def opt(default: Any, *, gt=None, ge=None, le=None, choices=None, help: str = ""):
-    """A declared option: default, range (gt/ge/le), allowed values and a one-line help."""
-    meta = {"gt": gt, "ge": ge, "le": le, "choices": choices, "help": help}
-    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -56,25 +51,6 @@ def declare(name: str, *, private: bool = True, needs_aux: bool = False):
     return deco
 
 
-def _check(key: str, value: Any, f: dataclasses.Field) -> Any:
-    m = f.metadata
-    if f.default is not None:
-        expected = type(f.default)
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
-            raise ConfigError(f"{key}: must be of type {expected.__name__}, got {value!r}")
-    if m.get("choices") is not None and value not in m["choices"]:
-        raise ConfigError(f"{key}: must be one of {list(m['choices'])}, got {value!r}")
-    if m.get("gt") is not None and not value > m["gt"]:
-        raise ConfigError(f"{key}: must be > {m['gt']}, got {value!r}")
-    if m.get("ge") is not None and not value >= m["ge"]:
-        raise ConfigError(f"{key}: must be >= {m['ge']}, got {value!r}")
-    if m.get("le") is not None and not value <= m["le"]:
-        raise ConfigError(f"{key}: must be <= {m['le']}, got {value!r}")
-    return value
-
-
 def parse_options(name: str, options: dict[str, Any], prefix: str = "mechanism") -> Any:
     """The declared options object of mechanism ``name``; ConfigError naming a bad key."""
     if name not in SPECS:
@@ -88,7 +64,7 @@ def parse_options(name: str, options: dict[str, Any], prefix: str = "mechanism")
                 f"{prefix}.{key}: unknown option for mechanism {name}; valid options: "
                 f"{sorted(fields)}"
             )
-        values[key] = _check(f"{prefix}.{key}", value, fields[key])
+        values[key] = check_value(f"{prefix}.{key}", value, fields[key])
     return spec.options(**values)
 
 

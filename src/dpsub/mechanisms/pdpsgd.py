@@ -49,8 +49,8 @@ def residual_fraction(basis: GroupedBasis, v: Tensor) -> float:
 class RPDPSGD(Mechanism):
     """RPDP-SGD: the projection onto a random orthonormal basis, redrawn every s steps."""
 
-    def __init__(self, **options):
-        super().__init__(**options)
+    def __init__(self, parsed=None, /, **options):
+        super().__init__(parsed, **options)
         self.basis: Tensor | None = None
         self.refit = Refit(self.opts.subspace_every)
 

@@ -52,8 +52,8 @@ def classifier_weight(model) -> str:
 class _CarrierMechanism(Mechanism):
     """Steps 2-4 above; subclasses choose the carriers (step 1)."""
 
-    def __init__(self, **options):
-        super().__init__(**options)
+    def __init__(self, parsed=None, /, **options):
+        super().__init__(parsed, **options)
         self.carriers: Carriers | None = None
         self.refit = Refit(self.opts.carriers_every)
 

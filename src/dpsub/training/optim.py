@@ -7,17 +7,18 @@ from torch.optim.lr_scheduler import LambdaLR
 
 
 def build_optimizer(params, cfg) -> torch.optim.Optimizer:
+    """``cfg``: the typed ``optim`` group (Settings.optim: every key present)."""
     if cfg.name == "sgd":
         return torch.optim.SGD(
             params,
             lr=cfg.lr,
-            momentum=cfg.get("momentum", 0.0),
-            weight_decay=cfg.get("weight_decay", 0.0),
-            nesterov=cfg.get("nesterov", False),
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            nesterov=cfg.nesterov,
         )
     if cfg.name == "adam":
         return torch.optim.Adam(
-            params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.get("weight_decay", 0.0)
+            params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
     raise ValueError(f"optim.name: unknown optimizer {cfg.name!r}; choose sgd or adam")
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from dpsub.config import check_against_data
+from dpsub.config import Settings, check_against_data, typed_group, validate
 from dpsub.data import DatasetBundle, load_dataset
 from dpsub.data.aux import AuxData, build_aux
 from dpsub.data.validation import carve_validation
@@ -49,7 +49,8 @@ def _of_account(name: str, settable: bool = False) -> property:
 class Run:
     """Everything one training run holds; built by :func:`build_run`."""
 
-    cfg: DictConfig
+    cfg: DictConfig  # as composed (config.yaml)
+    settings: Settings  # the same, validated and typed: what the code reads
     device: torch.device
     data: DatasetBundle
     aux: AuxData | None
@@ -99,39 +100,54 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_data(cfg: DictConfig) -> DatasetBundle:
-    d = cfg.dataset
+def load_data(cfg: Settings | DictConfig) -> DatasetBundle:
+    """The dataset of ``cfg`` (Settings, or any config with ``dataset``, ``data`` and
+    ``seed``: the PATE one), before auxiliary or validation examples are taken from it."""
+    d, data = (
+        (cfg.dataset, cfg.data)
+        if isinstance(cfg, Settings)
+        else (typed_group("dataset", cfg.dataset), typed_group("data", cfg.data))
+    )
     return load_dataset(
         d.name,
-        root=cfg.data.root,
-        download=cfg.data.download,
-        train_size=d.get("train_size"),
-        balanced=d.get("balanced", True),
-        seed=cfg.seed,
-        image_size=d.get("image_size"),
-        use_extra=d.get("use_extra", False),
-        synthetic=OmegaConf.to_container(d.synthetic) if d.get("synthetic") else None,
+        root=data.root,
+        download=data.download,
+        train_size=d.train_size,
+        balanced=d.balanced,
+        seed=int(cfg.seed),
+        image_size=d.image_size,
+        use_extra=d.use_extra,
+        synthetic=OmegaConf.to_container(d.synthetic) if d.synthetic else None,
     )
 
 
-def plan_steps(cfg: DictConfig, n_train: int) -> tuple[float, int]:
-    q = sample_rate(cfg.train.batch_size, n_train)
-    steps = max(1, round(cfg.train.epochs / q))
-    if cfg.train.max_steps is not None:
-        steps = min(steps, int(cfg.train.max_steps))
+def private_data(
+    s: Settings, data: DatasetBundle | None = None
+) -> tuple[AuxData | None, DatasetBundle]:
+    """``(aux, data)``: the auxiliary set and the private training set of a run, on the CPU
+    (auxiliary and validation examples taken out: N is ``len(data.train_y)``). ``data``:
+    the loaded dataset, if already at hand."""
+    data = load_data(s) if data is None else data
+    aux, data = build_aux(s.aux, data, root=s.data.root, seed=s.seed)
+    if s.dataset.validation_size:  # tuning: evaluate on held-out private examples
+        data = carve_validation(data, int(s.dataset.validation_size), s.seed)
+    return aux, data
+
+
+def plan_steps(cfg: Settings | DictConfig, n_train: int) -> tuple[float, int]:
+    t = cfg.train if isinstance(cfg, Settings) else typed_group("train", cfg.train)
+    q = sample_rate(t.batch_size, n_train)
+    steps = max(1, round(t.epochs / q))
+    if t.max_steps is not None:
+        steps = min(steps, int(t.max_steps))
     return q, steps
 
 
-def _mechanism(cfg: DictConfig) -> Mechanism:
-    options = OmegaConf.to_container(cfg.mechanism, resolve=True)
-    return build_mechanism(options.pop("name"), **options)
-
-
-def _account(cfg: DictConfig, mechanism: Mechanism, n: int, steps: int, uniform, device):
+def _account(s: Settings, mechanism: Mechanism, n: int, steps: int, uniform, device):
     """The run's privacy account for the mechanism's schedule and policy."""
-    p = cfg.privacy
+    p = s.privacy
     return PrivacyAccount.open(
-        n=n, batch_size=cfg.train.batch_size, steps=steps,
+        n=n, batch_size=s.train.batch_size, steps=steps,
         phases=mechanism.phases(steps) if mechanism.private else None,
         policy=mechanism.accounting, epsilon=p.epsilon, delta=p.delta,
         accountant=p.accountant, noise_multiplier=p.noise_multiplier,
@@ -139,37 +155,37 @@ def _account(cfg: DictConfig, mechanism: Mechanism, n: int, steps: int, uniform,
     )  # fmt: skip
 
 
-def build_run(cfg: DictConfig, data: DatasetBundle | None = None, dist: Dist = SINGLE) -> Run:
+def build_run(
+    cfg: Settings | DictConfig, data: DatasetBundle | None = None, dist: Dist = SINGLE
+) -> Run:
     """Compose data, model, engine, mechanism, privacy plan, ledger and optimizer.
 
-    Raises ConfigError / DataError before anything is written anywhere. With ``dist``
-    (several ranks), rank 0 draws the sampling and noise randomness and every rank
-    receives it; sensitive sums are all-reduced before noise (training/distributed.py).
+    ``cfg``: the run's Settings (a composed config is validated first); ``data``: its
+    dataset, already loaded. Raises ConfigError / DataError before anything is written
+    anywhere. With ``dist`` (several ranks), rank 0 draws the sampling and noise randomness
+    and every rank receives it; sensitive sums are all-reduced before noise
+    (training/distributed.py).
     """
-    device = pick_device(device_for(cfg.device, dist))
-    torch.manual_seed(cfg.seed)
-    data = load_data(cfg) if data is None else data
-    aux, data = build_aux(cfg.aux, data, root=cfg.data.root, seed=cfg.seed)
-    if cfg.dataset.get("validation_size"):  # tuning: evaluate on held-out private examples
-        data = carve_validation(data, int(cfg.dataset.validation_size), cfg.seed)
+    s = validate(cfg)
+    device = pick_device(device_for(s.device, dist))
+    torch.manual_seed(s.seed)
+    aux, data = private_data(s, data)
     n_train = int(data.train_y.shape[0])
-    check_against_data(cfg, n_train)
+    check_against_data(s, n_train)
     data = data.to(device)
     aux = aux.to(device) if aux is not None else None
 
-    mcfg = OmegaConf.to_container(cfg.model, resolve=True)
     try:
-        model = build_model(mcfg.pop("name"), data.in_shape, data.num_classes, **mcfg)
+        model = build_model(s.model_name, data.in_shape, data.num_classes, **s.model)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model: {e}") from None
     model = model.to(device)
-    microbatch = cfg.grads.microbatch
+    microbatch = s.grads.microbatch
     if microbatch == "auto":
-        microbatch = auto_microbatch(count_parameters(model), cfg.train.batch_size, device)
-    compile_ = cfg.grads.get("compile", False)
-    engine = GradEngine(model, microbatch, cfg.grads.backend, compile=compile_, dist=dist)
-    engine.amp = torch.bfloat16 if cfg.train.get("amp") == "bf16" else None
-    mechanism = _mechanism(cfg)
+        microbatch = auto_microbatch(count_parameters(model), s.train.batch_size, device)
+    engine = GradEngine(model, microbatch, s.grads.backend, compile=s.grads.compile, dist=dist)
+    engine.amp = torch.bfloat16 if s.train.amp == "bf16" else None
+    mechanism = build_mechanism(s.mechanism_name, s.mechanism)
     if mechanism.private:
         check_private_model(model)
     try:
@@ -177,18 +193,18 @@ def build_run(cfg: DictConfig, data: DatasetBundle | None = None, dist: Dist = S
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
-    _, total_steps = plan_steps(cfg, n_train)
+    _, total_steps = plan_steps(s, n_train)
 
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(params, cfg.optim)
-    schedule = build_schedule(optimizer, cfg.optim.schedule, total_steps)
+    optimizer = build_optimizer(params, s.optim)
+    schedule = build_schedule(optimizer, s.optim.schedule, total_steps)
 
     gens = {
-        "sampler": torch.Generator(device=device).manual_seed(cfg.seed + 1),
-        "noise": torch.Generator(device=device).manual_seed(cfg.seed + 2),
-        "public": torch.Generator(device=device).manual_seed(cfg.seed + 3),
+        "sampler": torch.Generator(device=device).manual_seed(s.seed + 1),
+        "noise": torch.Generator(device=device).manual_seed(s.seed + 2),
+        "public": torch.Generator(device=device).manual_seed(s.seed + 3),
     }
-    if cfg.privacy.rng == "secure":
+    if s.privacy.rng == "secure":
         secure = SecureNoise()
         source, uniform = secure, (lambda n: secure.uniform(n, device))
         gens = {"public": gens["public"]}  # the secret streams are never saved
@@ -201,10 +217,10 @@ def build_run(cfg: DictConfig, data: DatasetBundle | None = None, dist: Dist = S
             BroadcastNoise(source, dist),
             broadcast_uniform(uniform, dist, device, draws),
         )
-    account = _account(cfg, mechanism, n_train, total_steps, uniform, device)
+    account = _account(s, mechanism, n_train, total_steps, uniform, device)
     privatizer = Privatizer(source, reduce=dist.all_reduce if dist.active else None)
     return Run(
-        cfg=cfg, device=device, data=data, aux=aux, model=model, engine=engine,
+        cfg=s.cfg, settings=s, device=device, data=data, aux=aux, model=model, engine=engine,
         mechanism=mechanism, account=account, total_steps=total_steps, optimizer=optimizer,
         schedule=schedule, privatizer=privatizer, rng=gens["public"], generators=gens, dist=dist,
     )  # fmt: skip
@@ -276,9 +292,36 @@ def load_run_state(run: Run, state: dict) -> None:
     run.schedule.load_state_dict(state["schedule"])
     run.account.load_state_dict(state)
     run.mechanism.load_state_dict(state["mechanism"])
-    clean, reseed = bool(state.get("clean", False)), f"{run.cfg.seed}:{int(state['step'])}"
+    clean, reseed = bool(state.get("clean", False)), f"{run.settings.seed}:{int(state['step'])}"
     if not restore_rng(run.generators, state["rng"], clean=clean, reseed=reseed):
         run.privatizer.source.load_state_dict(state["noise_source"])
     run.step = int(state["step"])
     run.uncovered = list(state.get("uncovered", []))
     run.run_seconds = float(state.get("run_seconds", 0.0))
+
+
+def load_finished_run(run_dir, data_root: str | None = None) -> Run:
+    """A run dir's run rebuilt from its ``config.yaml`` and restored from its checkpoint
+    (model, optimizer, ledgers, mechanism state): what tools evaluate after training.
+
+    ``data_root``: where the data is on this machine (the saved paths move with it).
+    Raises :class:`~dpsub.runs.RunError` naming the missing file, or when the rebuilt
+    private training set is not the one the run trained on; ConfigError / DataError from
+    rebuilding the run.
+    """
+    from dpsub.runs import CHECKPOINT, CONFIG, RunDir, RunError
+    from dpsub.training.checkpoint import data_fingerprint, load_checkpoint
+
+    rd = RunDir(run_dir)
+    rd.require(CONFIG, CHECKPOINT)
+    run = build_run(rd.config_on(data_root) if data_root else rd.config())
+    ckpt = load_checkpoint(rd.path, map_location=run.device)
+    fp = ckpt.get("data_fingerprint")
+    if fp is not None and fp != data_fingerprint(run.data.train_x, run.data.train_y):
+        raise RunError(
+            f"{rd.path}: the rebuilt private training set differs from the one the run trained "
+            "on (data fingerprint mismatch); check --data-root"
+        )
+    load_run_state(run, ckpt["state"])
+    run.fingerprint = fp
+    return run

@@ -39,7 +39,7 @@ from dpsub.errors import ConfigError, ResumeError
 from dpsub.logging import RunLogger
 from dpsub.models import count_parameters
 from dpsub.privacy import epsilon_for
-from dpsub.runs import CONFIG, LOG
+from dpsub.runs import CHECKPOINT, CONFIG, LOG, MIA
 from dpsub.training.checkpoint import (
     LEDGER_NAME,
     check_resume,
@@ -184,7 +184,7 @@ def _stop_requested(run: Run, stop: _StopFlag) -> bool:
 def _budget_below_one_step(run: Run, z: float) -> ConfigError:
     """``privacy.epsilon`` cannot pay for the first step at multiplier ``z`` (a fixed
     ``privacy.noise_multiplier`` too small, or DP-Hero's honest multiplier)."""
-    p, name = run.cfg.privacy, run.mechanism.name
+    p, name = run.settings.privacy, run.mechanism.name
     one = epsilon_for([(z, run.q, 1)], p.delta, p.accountant)
     hint = " (experiment=dphero_mnist_lenet: docs/dphero.md)" if "dphero" in name else ""
     return ConfigError(
@@ -211,9 +211,7 @@ def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> 
     run.fingerprint = fp
     if ckpt is None:
         if resume:
-            raise ResumeError(
-                f"resume: {run_dir} has no {run_dir / 'checkpoint.pt'}; nothing to resume"
-            )
+            raise ResumeError(f"resume: {run_dir} has no {run_dir / CHECKPOINT}; nothing to resume")
         return []
     if not resume:
         raise ResumeError(
@@ -222,7 +220,7 @@ def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> 
     check_resume(ckpt["config"], resolved, ckpt.get("data_fingerprint"), fp)
     load_run_state(run, ckpt["state"])
     notes = []
-    if (run_dir / "mia.json").exists():  # scripts/mia.py attacked the model: not covered
+    if (run_dir / MIA).exists():  # scripts/mia.py attacked the model: not covered
         uncover(run, "membership_inference")
     if run.secure:  # fresh secret noise from here on: charge every step that ever ran
         journal = journal_ledger(run_dir)
@@ -252,19 +250,19 @@ def _uncovered_by_config(run: Run, private: bool) -> None:
         uncover(run, "private_diagnostics")
     if not run.account.covered_by_epsilon:  # the budget is enforced on a nominal epsilon
         uncover(run, "nominal_accounting")
-    if run.cfg.privacy.sampling == "shuffle" and run.mechanism.private:
+    if run.settings.privacy.sampling == "shuffle" and run.mechanism.private:
         uncover(run, "shuffle_sampling")  # its epsilon assumes Poisson sampling
 
 
 def _header(run: Run, logger) -> dict:
-    p = run.cfg.privacy
+    p = run.settings.privacy
     engine = run.engine
     return {
         "dataset": run.data.describe(),
         "aux": run.aux.describe() if run.aux is not None else "none",
         "model": f"{type(run.model).__name__} ({count_parameters(run.model):,} parameters)",
         "mechanism": run.mechanism.name,
-        "sampling": f"{p.sampling} q={run.q:.5f} (B={run.cfg.train.batch_size}, N={len(run.data.train_y)})",
+        "sampling": f"{p.sampling} q={run.q:.5f} (B={run.settings.train.batch_size}, N={len(run.data.train_y)})",
         "steps": run.total_steps,
         "noise_multiplier": run.z,
         "target": f"epsilon={p.epsilon} delta={p.delta} ({p.accountant}, rng {p.rng})",
@@ -292,12 +290,12 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
     Under torchrun every rank calls this; rank 0 owns the run dir, the logs and the
     checkpoints (training/distributed.py).
     """
-    validate(cfg)
-    dist = init_distributed(cfg.device)
+    settings = validate(cfg)
+    dist = init_distributed(settings.device)
     run_dir = Path(dist.broadcast_object(str(run_dir)))  # rank 0's (its clock names it)
     if not dist.main:
         log.setLevel(logging.WARNING)
-    run = build_run(cfg, dist=dist)
+    run = build_run(settings, dist=dist)
     unlock = detach_log = lambda: None  # noqa: E731
     fresh = dist.main and not run_dir.exists()
     if dist.main and (run_dir.is_dir() or not resume):  # one process per run dir, held
@@ -328,19 +326,20 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
 
 def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    private = bool(cfg.privacy.private_diagnostics)
+    s = run.settings
+    private = s.privacy.private_diagnostics
     main = run.dist.main
     _uncovered_by_config(run, private)
     if run.secure and main:
         run.on_release.append(lambda r: r.ledger.save(run_dir / LEDGER_NAME, sync=True))
     logger = (
-        RunLogger(run_dir, resolved, cfg.logger, cfg.run_name, resume_step=run.step)
+        RunLogger(run_dir, resolved, s.logger, cfg.run_name, resume_step=run.step)
         if main
         else _NoLogger()
     )
     for k, v in _header(run, logger).items():
         log.info("%-16s %s", k, v)
-    if cfg.privacy.sampling == "shuffle" and run.mechanism.private:
+    if s.privacy.sampling == "shuffle" and run.mechanism.private:
         log.warning(
             "privacy.sampling=shuffle: the reported epsilon assumes Poisson sampling; this "
             "run's outputs are NOT covered by it"
@@ -371,7 +370,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
         if run.ledger is not None and not run.secure:
             run.ledger.save(run_dir / LEDGER_NAME)
 
-    t = cfg.train
+    t = s.train
     stopped_by_budget = False
     acc = loss = None
     window, mech_private = Window(), {}
@@ -422,12 +421,12 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
         progress.close()
     tick()
     final_eval = (acc, loss) if run.step == run.total_steps and acc is not None else None
-    return _finish(run, cfg, run_dir, logger, checkpoint, stopped_by_budget, final_eval)
+    return _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval)
 
 
-def membership_inference(run: Run, cfg: DictConfig, logger) -> dict:
+def membership_inference(run: Run, logger) -> dict:
     """``eval.mia=true``: attack the final model (``private/mia/*``: not covered by epsilon)."""
-    if not OmegaConf.select(cfg, "eval.mia", default=False):
+    if not run.settings.eval.mia:
         return {}
     from dpsub.eval.mia import evaluate_run
 
@@ -449,24 +448,25 @@ def run_timing(run: Run) -> dict[str, float]:
     return {"run_seconds": run.run_seconds, "steps_per_s": run.step / run.run_seconds}
 
 
-def _finish(run, cfg, run_dir, logger, checkpoint, stopped_by_budget, final_eval) -> RunResult:
+def _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval) -> RunResult:
     """Checkpoint, evaluate (unless the loop just did), write the summary and the final line."""
     if not run.dist.main:
         nan = float("nan")
         return RunResult(
-            run.step, nan, cfg.privacy.delta, run.z, nan, nan, run_dir, stopped_by_budget
+            run.step, nan, run.settings.privacy.delta, run.z, nan, nan, run_dir, stopped_by_budget
         )
-    if OmegaConf.select(cfg, "eval.mia", default=False):
+    if run.settings.eval.mia:
         uncover(run, "membership_inference")  # before the result is written anywhere
     checkpoint(clean=True)
-    p = cfg.privacy
+    p = run.settings.privacy
     eps = epsilons(run, exact=True)
     if final_eval is None:
-        acc, loss = evaluate(run.model, run.data.test_x, run.data.test_y, cfg.train.eval_batch_size)
+        batch = run.settings.train.eval_batch_size
+        acc, loss = evaluate(run.model, run.data.test_x, run.data.test_y, batch)
         logger.log({**eval_metrics(run, acc, loss), **eps}, run.step)
     else:
         acc, loss = final_eval
-    mia = membership_inference(run, cfg, logger)
+    mia = membership_inference(run, logger)
     summary = {
         "steps": run.step,
         "planned_steps": run.total_steps,

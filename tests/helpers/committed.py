@@ -1,0 +1,84 @@
+"""Committed runs recomputed from their saved config, shared by the integration and e2e
+suites: the noise multiplier and epsilon exactly (through the library: N from the data, the
+plan, the ledger).
+
+The epsilon of a run resumed from a checkpoint is the ledger reloaded there (its RDP curve
+summed per phase, not per step: the last digits differ), so a run matches if it matches
+without a resume or with one at one of its checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from dpsub.config import validate
+from dpsub.mechanisms import build_mechanism
+from dpsub.privacy import PrivacyAccount, PrivacyLedger
+from dpsub.runs import RunDir, find_runs
+from dpsub.training.run import plan_steps, private_data
+
+from conftest import REPO, SHARED
+
+#: two cheap MNIST runs (DP-SGD, 275 steps of B=1000, the second resumed at step 100)
+CHEAP = [
+    REPO / "results/tables/gep1-mnist/cpu/tune/mechanism=dpsgd,epsilon=2,lr=0.1,clip=1",
+    REPO / "results/tables/gep1-mnist/cpu/tune/mechanism=dpsgd,epsilon=2,lr=0.1,clip=0",
+]
+
+
+def training_runs() -> list[RunDir]:
+    """Every committed run of ``dpsub-train`` (not audits, PATE or benchmarks)."""
+    out = []
+    for r in find_runs(REPO / "results"):
+        cfg = r.config()
+        if "train" in cfg and "mechanism" in cfg and "audit" not in cfg:
+            out.append(r)
+    return out
+
+
+def _ledger_epsilon(acct, steps: int, resume_at: int | None) -> float:
+    """The honest epsilon after ``steps`` steps charged as the trainer charges them."""
+    ledger = PrivacyLedger(acct.ledger.delta, acct.ledger.accountant)
+    for t in range(steps):
+        ledger.step(acct.multiplier(t), acct.q)
+        if t + 1 == resume_at:
+            ledger = PrivacyLedger.from_state_dict(ledger.state_dict())
+    return ledger.epsilon()
+
+
+def check_run(run: RunDir, cache: dict) -> str | None:
+    """None if the run's z and epsilon reproduce exactly, else why not; 'skip: ...' if its
+    data is not on this machine."""
+    s = validate(run.config_on(SHARED))
+    summary = run.summary()
+    key = json.dumps([run.config_dict()["dataset"], s.aux, s.seed])
+    if key not in cache:
+        try:
+            cache[key] = len(private_data(s)[1].train_y)
+        except Exception as e:  # noqa: BLE001 -- data absent here (DatasetNotFoundError)
+            cache[key] = f"skip: {type(e).__name__}"
+    n = cache[key]
+    if isinstance(n, str):
+        return n
+    _, steps = plan_steps(s, n)
+    mech = build_mechanism(s.mechanism_name, s.mechanism)
+    p = s.privacy
+    acct = PrivacyAccount.open(
+        n=n, batch_size=s.train.batch_size, steps=steps,
+        phases=mech.phases(steps) if mech.private else None, policy=mech.accounting,
+        epsilon=p.epsilon, delta=p.delta, accountant=p.accountant,
+        noise_multiplier=p.noise_multiplier,
+    )  # fmt: skip
+    if steps != summary["planned_steps"]:
+        return f"planned steps {steps} != {summary['planned_steps']}"
+    if acct.z != float(summary["noise_multiplier"]):
+        return f"noise multiplier {acct.z!r} != {summary['noise_multiplier']!r}"
+    if not mech.private:
+        return None if math.isinf(float(summary["epsilon"])) else "non-private with an epsilon"
+    if acct.policy != "planned":
+        return None  # measured noise: the multiplier each step drew is not in the config
+    every = s.train.checkpoint_every or steps
+    resumes = [None, *range(every, summary["steps"], every)]
+    got = [_ledger_epsilon(acct, summary["steps"], r) for r in resumes]
+    return None if summary["epsilon"] in got else f"epsilon {got[0]!r} != {summary['epsilon']!r}"
