@@ -29,6 +29,7 @@ try:
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(ROOT / "src"))
 
+from dpsub.config import typed_group  # noqa: E402
 from dpsub.data import load_dataset  # noqa: E402
 from dpsub.data.datasets import _subset_indices  # noqa: E402  (the trainer's own subset)
 from dpsub.data.subsets import balanced_pick  # noqa: E402
@@ -45,16 +46,14 @@ def fail(msg: str) -> None:
 
 def heldout(cfg, val_size: int, val_seed: int, cache: dict):
     """(x, y, number of classes, fingerprint of the trained-on subset) for the run's config."""
-    d = cfg.dataset
-    if d.get("train_size") is None:
+    d = typed_group("dataset", cfg.dataset)  # a saved config's, with the schema's defaults
+    if d.train_size is None:
         fail(f"dataset.train_size is not set in {cfg.out_dir}: no held-out training images")
-    key = (d.name, str(cfg.data.root), d.get("image_size"))
+    key = (d.name, str(cfg.data.root), d.image_size)
     if key not in cache:
-        cache[key] = load_dataset(d.name, cfg.data.root, image_size=d.get("image_size"))
+        cache[key] = load_dataset(d.name, cfg.data.root, image_size=d.image_size)
     full = cache[key]
-    idx = _subset_indices(
-        full.train_y, int(d.train_size), full.num_classes, d.get("balanced", True), cfg.seed
-    )
+    idx = _subset_indices(full.train_y, int(d.train_size), full.num_classes, d.balanced, cfg.seed)
     mask = torch.ones(len(full.train_y), dtype=torch.bool)
     mask[idx] = False
     rest = mask.nonzero().flatten()

@@ -107,10 +107,12 @@ def public_projection(run_dir: Path, data_root: str | None, n: int) -> dict | No
         return None
     import torch
 
+    from dpsub.config import typed_group
     from dpsub.training.run import load_finished_run
 
     cfg = RunDir(run_dir).config()
-    if cfg.dataset.get("validation_size") or cfg.mechanism.name not in ("gep", "bgep"):
+    tuning = typed_group("dataset", cfg.dataset).validation_size
+    if tuning or cfg.mechanism.name not in ("gep", "bgep"):
         return None  # a tuning run evaluates on private examples; no anchor subspace
     run = load_finished_run(run_dir, data_root)
     basis = run.mechanism.basis
