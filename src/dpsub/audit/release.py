@@ -99,7 +99,9 @@ class Replayer:
         z = run.plan.multiplier_at(run.step) if run.plan is not None else math.inf
         priv = CapturingPrivatizer(source, reduce=run.privatizer.reduce)
         priv.begin_step()
-        ctx = StepContext(run.step, run.total_steps, run.cfg.train.batch_size, z, priv, run.rng)
+        ctx = StepContext(
+            run.step, run.total_steps, run.settings.train.batch_size, z, priv, run.rng
+        )
         real, mech.engine = mech.engine, self.canary
         self.canary.holder = run.dist.main  # one canary: rank 0's shard holds it
         wanted = with_canary

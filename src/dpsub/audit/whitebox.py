@@ -200,20 +200,20 @@ def whitebox_audit(run, opts: WhiteboxOptions) -> dict:
 
 
 def _report(run, opts, norm, steps, s_in, s_out, affine, rng) -> dict:
-    delta = float(run.cfg.privacy.delta)
+    delta = float(run.settings.privacy.delta)
     valid = bounds.split_threshold_bound(s_in, s_out, delta, opts.alpha, rng)
     mu = bounds.gdp_fit(s_in, s_out)
     out = {
         "kind": "whitebox",
         "mechanism": run.mechanism.name,
-        "backend": run.cfg.grads.backend,
+        "backend": run.settings.grads.backend,
         "ranks": run.dist.world,
         "delta": delta,
         "q": run.q,
         "steps": opts.steps,
         "noise_multiplier": run.z,
         **_accountant(run, steps),
-        "accountant": run.cfg.privacy.accountant,
+        "accountant": run.settings.privacy.accountant,
         "lower_bound": {**valid.as_dict(), "confidence": 1 - opts.alpha},
         "gdp": {"mu": mu, "epsilon": bounds.gdp_epsilon(mu, delta)},
         "trials": {"in": len(s_in), "out": len(s_out), "mode": "affine" if affine else "sampled"},
@@ -236,7 +236,7 @@ def _accountant(run, steps: list[dict]) -> dict:
     check compares it with the records, which the audit does not need to trust).
     Measured (DP-Hero): the records' multiplier, and the planned one as the nominal epsilon.
     """
-    p = run.cfg.privacy
+    p = run.settings.privacy
     planned = [(st["z_planned"], run.q, 1) for st in steps]
     measured = [(max(st["z_records"], 1e-300), run.q, 1) for st in steps]
     if run.account.charges_plan:

@@ -28,7 +28,6 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 from torch import Tensor
 
 __all__ = [
@@ -46,9 +45,9 @@ __all__ = [
 
 class TrainedRun(Protocol):
     """What :func:`evaluate_run` reads of a run (a :class:`~dpsub.training.run.Run` is one;
-    evaluation does not import training): its config, data and model."""
+    evaluation does not import training): its settings, data and model."""
 
-    cfg: Any  # eval.mia_examples, seed, train.eval_batch_size
+    settings: Any  # dpsub.config.Settings: eval.mia_examples, seed, train.eval_batch_size
     data: Any  # train_x/train_y (members), test_x/test_y (non-members)
     model: torch.nn.Module
 
@@ -154,13 +153,13 @@ def evaluate_run(run: TrainedRun, examples: int | None = None, seed: int | None 
     and evaluated (aux sources have removed what they use). ``examples`` defaults to
     ``eval.mia_examples`` (else :data:`DEFAULT_EXAMPLES`), ``seed`` to the run seed.
     """
-    cfg = run.cfg
+    s = run.settings
     if examples is None:  # conf/config.yaml sets ``eval.mia_examples: null``
-        examples = OmegaConf.select(cfg, "eval.mia_examples", default=None)
+        examples = s.eval.mia_examples
     examples = DEFAULT_EXAMPLES if examples is None else examples
-    seed = cfg.seed if seed is None else seed
+    seed = s.seed if seed is None else seed
     gen = torch.Generator().manual_seed(int(seed) + 7_919)  # public: which examples are asked
-    data, bs = run.data, int(cfg.train.eval_batch_size)
+    data, bs = run.data, int(s.train.eval_batch_size)
     picks = [
         torch.randperm(len(t), generator=gen)[: int(examples)].to(t.device)
         for t in (data.train_y, data.test_y)
