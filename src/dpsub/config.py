@@ -176,14 +176,16 @@ class Settings:
     aux: dict[str, Any]  # the aux group, checked (dpsub.data.aux_options)
 
 
-def validate(cfg: DictConfig | Settings) -> Settings:
+def validate(cfg: DictConfig | Settings, usable: bool = True) -> Settings:
     """Check the whole config; return its :class:`Settings` (raises ConfigError).
 
     Ranges and allowed values are declared beside each default (``opt()``); what spans
     several keys is checked below. Imports nothing heavy (no torch): an invalid config fails
     in well under a second. Model option names are checked here
     (``dpsub.models.MODEL_OPTIONS``), their values when the model is built (before anything
-    is written). Settings given back are returned as they are.
+    is written). Settings given back are returned as they are. ``usable=False`` skips the
+    checks of settings that are valid but would stop untrained (:func:`_check_measured`):
+    ``build_run`` builds what a test asks for; the command line and the trainer refuse it.
     """
     if isinstance(cfg, Settings):
         return cfg
@@ -201,7 +203,7 @@ def validate(cfg: DictConfig | Settings) -> Settings:
         cfg.device,
     )
     model_name, model = _model_options(cfg)
-    mechanism_name, mechanism, aux = _mechanism_options(cfg, typed["privacy"])
+    mechanism_name, mechanism, aux = _mechanism_options(cfg, typed["privacy"], usable)
     return Settings(
         cfg=cfg, **typed, seed=int(cfg.seed), device=str(cfg.device), model_name=model_name,
         model=model, mechanism_name=mechanism_name, mechanism=mechanism, aux=aux,
@@ -245,14 +247,17 @@ def _model_options(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
     return name, model
 
 
-def _mechanism_options(cfg: DictConfig, p: DictConfig) -> tuple[str, Any, dict[str, Any]]:
+def _mechanism_options(
+    cfg: DictConfig, p: DictConfig, usable: bool
+) -> tuple[str, Any, dict[str, Any]]:
     from dpsub.data.aux_options import aux_options, check_aux_config
     from dpsub.mechanisms.options import SPECS, parse_options
 
     mech = OmegaConf.to_container(cfg.mechanism, resolve=True)
     name = mech.pop("name", None)
     options = parse_options(name, mech)
-    _check_measured(name, options, p)
+    if usable:
+        _check_measured(name, options, p)
     aux = aux_options(cfg.aux)
     check_aux_config(aux)
     if SPECS[name].needs_aux and aux.get("name") == "none":

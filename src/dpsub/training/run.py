@@ -166,7 +166,7 @@ def build_run(
     and every rank receives it; sensitive sums are all-reduced before noise
     (training/distributed.py).
     """
-    s = validate(cfg)
+    s = validate(cfg, usable=False)  # the trainer and the CLI checked usable=True
     device = pick_device(device_for(s.device, dist))
     torch.manual_seed(s.seed)
     aux, data = private_data(s, data)
