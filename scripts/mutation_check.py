@@ -129,6 +129,13 @@ MUTANTS = (
         "            return False",
         ("tests/unit/test_privacy.py", "-k", "largest"),
     ),
+    Mutant(  # a PRV ledger reporting its running RDP curve as the PRV epsilon
+        "prv-ledger-reports-rdp",
+        "src/dpsub/privacy/accountant.py",
+        "    rdp_exact: ClassVar[bool] = False",
+        "    rdp_exact: ClassVar[bool] = True",
+        ("tests/unit/test_privacy.py", "tests/unit/test_account.py"),
+    ),
     Mutant(  # dpsub runs Opacus' RDP search itself (no `import opacus` at start-up)
         "rdp-calibration-accepts-an-epsilon-over-the-target",
         "src/dpsub/privacy/accountant.py",
