@@ -236,3 +236,9 @@ def test_run_dir_file_names_come_from_runs():
     pending = {"src/dpsub/runs.py", "src/dpsub/pate/cli.py", "src/dpsub/gpu/cells.py",
                "scripts/pdpsgd_study.py"}  # fmt: skip
     assert _grep(names, _py("src/dpsub", "scripts"), pending) == []
+
+
+def test_test_file_names_are_unique_across_the_tiers():
+    """pytest imports test files by their base name (no packages): two alike collide."""
+    names = [p.name for p in TESTS.glob("*/test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
