@@ -10,7 +10,9 @@ first copies the small files of the finished runs under ``src`` there (never che
   dataset by a Welch test;
 * ``rgp``: one row per run (mechanism x lr), held-out and test accuracy;
 * ``dphero``: DP-Hero's scales and the membership-inference runs;
-* ``pdpsgd``: Welch tests of the historical PDP-SGD study from its ``runs.csv``.
+* ``pdpsgd``: Welch tests of the historical PDP-SGD study from its ``runs.csv``;
+* ``pate``: the PATE rows of GEP's Table 1 beside the paper, both epsilons, the tuning
+  grid (:mod:`dpsub.pate.study`; runs made by ``scripts/pate_study.py``).
 """
 
 from __future__ import annotations
@@ -183,6 +185,13 @@ def pdpsgd(runs: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ------------------------------------------------------------------ pate
+def pate(runs: Path) -> str:
+    from dpsub.pate.study import render
+
+    return render(runs)
+
+
 # ------------------------------------------------------------------ API
 #: study -> (table renderer, where a collected run goes under runs/ (None: its dir name),
 #: which collected runs belong to it)
@@ -191,6 +200,7 @@ STUDIES = {
     "rgp": (rgp, None, lambda r: True),
     "dphero": (dphero, None, lambda r: r.path.name.startswith(("lenet_", "mia_"))),
     "pdpsgd": (pdpsgd, None, lambda r: False),  # the historical study: runs.csv only
+    "pate": (pate, None, lambda r: False),  # scripts/pate_study.py copies its own runs
 }
 
 

@@ -47,8 +47,6 @@ def split(cfg: DictConfig) -> tuple[DictConfig, DictConfig]:
     validate(cfg)
     if cfg.privacy.rng != "seeded":
         raise ConfigError("privacy.rng: dpsub-pate implements only seeded noise so far")
-    if cfg.dataset.get("validation_size") is not None:
-        raise ConfigError("dataset.validation_size: not implemented for dpsub-pate yet")
     return cfg, pate
 
 
@@ -61,7 +59,7 @@ def _save_state(run_dir: Path, state: dict) -> None:
     os.replace(tmp, run_dir / STATE)
 
 
-def compute_votes(cfg, pate, data, public_x, device) -> np.ndarray:
+def compute_votes(cfg, pate, pools, device) -> np.ndarray:
     from dpsub.models import build_model
     from dpsub.pate.teachers import TeacherOptions, teacher_votes
 
@@ -69,15 +67,50 @@ def compute_votes(cfg, pate, data, public_x, device) -> np.ndarray:
     name = mcfg.pop("name")
 
     def make_model():
-        return build_model(name, data.in_shape, data.num_classes, **mcfg)
+        return build_model(name, pools.in_shape, pools.num_classes, **mcfg)
 
-    teacher_of = partition(len(data.train_y), pate.teachers, cfg.seed)
+    teacher_of = partition(len(pools.train_y), pate.teachers, cfg.seed)
     opts = TeacherOptions(**OmegaConf.to_container(pate.teacher))
-    x, y = data.train_x.to(device), data.train_y.to(device)
+    x, y = pools.train_x.to(device), pools.train_y.to(device)
     return teacher_votes(
-        make_model, x, y, teacher_of, pate.teachers, public_x.to(device), cfg.seed, opts,
+        make_model, x, y, teacher_of, pate.teachers, pools.public_x.to(device), cfg.seed, opts,
         cfg.train.eval_batch_size, log,
     )  # fmt: skip
+
+
+def votes_key(cfg, pate) -> str:
+    """A digest of everything the teachers' votes depend on (not the aggregator, budget or
+    student): runs that differ only in those share their votes through ``pate.votes_cache``."""
+    import hashlib
+
+    keys = {
+        "dataset": cfg.dataset, "model": cfg.model, "seed": cfg.seed, "teachers": pate.teachers,
+        "teacher": pate.teacher, "public_size": pate.public_size,
+    }  # fmt: skip
+    text = json.dumps(OmegaConf.to_container(OmegaConf.create(keys)), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def load_or_compute_votes(cfg, pate, pools, device, run_dir: Path) -> np.ndarray:
+    """The run's own votes if saved (resume), else the cache's, else trained teachers'."""
+    path = run_dir / VOTES
+    cache = (
+        Path(pate.votes_cache) / f"{votes_key(cfg, pate)}.npy" if pate.get("votes_cache") else None
+    )
+    if path.is_file():
+        return np.load(path)
+    if cache is not None and cache.is_file():
+        votes = np.load(cache)
+        log.info("pate: teachers' votes read from the cache %s (not retrained)", cache)
+    else:
+        votes = compute_votes(cfg, pate, pools, device)
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            np.save(cache.with_suffix(".tmp.npy"), votes)
+            os.replace(cache.with_suffix(".tmp.npy"), cache)
+    path.parent.mkdir(exist_ok=True)
+    np.save(path, votes)
+    return votes
 
 
 def answer_queries(cfg, pate, votes: np.ndarray, num_classes: int, run_dir: Path, logger) -> dict:

@@ -101,6 +101,8 @@ def teacher_votes(make_model, x, y, teacher_of, n_teachers, queries, seed, opts,
     for first in range(0, n_teachers, opts.chunk):
         chunk = parts[first : first + opts.chunk]
         base, params, buffers = train_chunk(make_model, x, y, chunk, first, seed, opts)
-        preds.append(predict_chunk(base, params, buffers, queries, batch_size))
+        # a vmapped forward holds chunk x batch activations: keep it near one eval batch
+        per = max(16, batch_size // len(chunk))
+        preds.append(predict_chunk(base, params, buffers, queries, per))
         log.info("teachers: %d / %d trained", first + len(chunk), n_teachers)
     return np.concatenate(preds).astype(np.int16)
