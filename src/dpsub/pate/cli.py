@@ -46,7 +46,10 @@ def run_pate(cfg: DictConfig, run_dir: Path, resume: bool = False) -> dict:
         from dpsub.training.run import load_data, pick_device
 
         data, device = load_data(cfg), pick_device(str(cfg.device))
-        pools = make_pools(data, pate.public_size, cfg.dataset.get("validation_size"), cfg.seed)
+        from dpsub.pate.run import held_out
+
+        evaluate_held_out = bool(cfg.dataset.get("validation_size"))
+        pools = make_pools(data, pate.public_size, held_out(cfg, pate), evaluate_held_out, cfg.seed)
     except Exception as e:  # noqa: BLE001 -- dpsub's own errors become one line
         if exit_code(e) is None:
             raise

@@ -8,7 +8,9 @@ Tuning (``dataset.validation_size=N``): N class-balanced examples are held out o
 private training set (:func:`dpsub.data.validation.carve_validation`); the teachers train
 on the rest, the public pool is unchanged, and the student is evaluated on the N held-out
 examples instead of the test set, which the run then never evaluates on (its summary has
-``validation_accuracy``, no ``test_accuracy``). docs/pate.md, "Tuning".
+``validation_accuracy``, no ``test_accuracy``). ``pate.holdout=N`` keeps the same N
+examples from the teachers without evaluating on them: the final runs' teachers are then
+those of the tuning runs. docs/pate.md, "Tuning".
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ class Pools:
     describe: str
 
 
-def make_pools(data, public_size: int, validation_size: int | None, seed: int) -> Pools:
-    """Split ``data`` (a DatasetBundle) for PATE; ConfigError on a bad size."""
+def make_pools(data, public_size: int, held_out: int | None, evaluate_held_out: bool, seed: int):
+    """Split ``data`` (a DatasetBundle) for PATE; ConfigError on a bad size. ``held_out``
+    training examples are kept from the teachers, and the student is evaluated on them
+    when ``evaluate_held_out`` (a tuning run), else on the test split's evaluation part."""
     import torch
 
     from dpsub.errors import ConfigError
@@ -54,12 +58,14 @@ def make_pools(data, public_size: int, validation_size: int | None, seed: int) -
     public = torch.as_tensor(public)
     pub_x, pub_y = data.test_x[public], data.test_y[public]
     ev_x, ev_y = data.test_x[torch.as_tensor(evaluation)], data.test_y[torch.as_tensor(evaluation)]
-    if validation_size:
+    split = "test"
+    if held_out:
         from dpsub.data.validation import carve_validation
 
-        data = carve_validation(data, int(validation_size), seed)  # test_* := held out
-        ev_x, ev_y = data.test_x, data.test_y
+        data = carve_validation(data, int(held_out), seed)  # test_* := held out
+        if evaluate_held_out:
+            ev_x, ev_y, split = data.test_x, data.test_y, "validation"
     return Pools(
-        data.train_x, data.train_y, pub_x, pub_y, ev_x, ev_y, data.eval_split,
+        data.train_x, data.train_y, pub_x, pub_y, ev_x, ev_y, split,
         data.num_classes, tuple(data.in_shape), data.describe(),
     )  # fmt: skip

@@ -59,7 +59,7 @@ def _save_state(run_dir: Path, state: dict) -> None:
     os.replace(tmp, run_dir / STATE)
 
 
-def compute_votes(cfg, pate, pools, device) -> np.ndarray:
+def compute_votes(cfg, pate, pools, device, save_dir: Path | None = None) -> np.ndarray:
     from dpsub.models import build_model
     from dpsub.pate.teachers import TeacherOptions, teacher_votes
 
@@ -74,8 +74,18 @@ def compute_votes(cfg, pate, pools, device) -> np.ndarray:
     x, y = pools.train_x.to(device), pools.train_y.to(device)
     return teacher_votes(
         make_model, x, y, teacher_of, pate.teachers, pools.public_x.to(device), cfg.seed, opts,
-        cfg.train.eval_batch_size, log,
+        cfg.train.eval_batch_size, log, save_dir,
     )  # fmt: skip
+
+
+def held_out(cfg, pate) -> int | None:
+    """Training examples kept from the teachers: ``dataset.validation_size`` (a tuning run,
+    evaluated on them) or ``pate.holdout`` (kept out, unused: the teachers of a final run
+    then equal those of its tuning runs). ConfigError when both are set and differ."""
+    val, hold = cfg.dataset.get("validation_size"), pate.get("holdout")
+    if val and hold and val != hold:
+        raise ConfigError(f"pate.holdout: must equal dataset.validation_size ({val}), got {hold}")
+    return val or hold or None
 
 
 def votes_key(cfg, pate) -> str:
@@ -83,8 +93,10 @@ def votes_key(cfg, pate) -> str:
     student): runs that differ only in those share their votes through ``pate.votes_cache``."""
     import hashlib
 
+    dataset = OmegaConf.to_container(cfg.dataset)
+    dataset["validation_size"] = held_out(cfg, pate)  # the teachers' data, however held out
     keys = {
-        "dataset": cfg.dataset, "model": cfg.model, "seed": cfg.seed, "teachers": pate.teachers,
+        "dataset": dataset, "model": cfg.model, "seed": cfg.seed, "teachers": pate.teachers,
         "teacher": pate.teacher, "public_size": pate.public_size,
     }  # fmt: skip
     text = json.dumps(OmegaConf.to_container(OmegaConf.create(keys)), sort_keys=True)
@@ -103,7 +115,7 @@ def load_or_compute_votes(cfg, pate, pools, device, run_dir: Path) -> np.ndarray
         votes = np.load(cache)
         log.info("pate: teachers' votes read from the cache %s (not retrained)", cache)
     else:
-        votes = compute_votes(cfg, pate, pools, device)
+        votes = compute_votes(cfg, pate, pools, device, run_dir / VOTES.parent / "teachers")
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
             np.save(cache.with_suffix(".tmp.npy"), votes)

@@ -92,17 +92,36 @@ def predict_chunk(base, params, buffers, queries: torch.Tensor, batch_size: int)
     return torch.cat(out, dim=1).cpu().numpy()
 
 
-def teacher_votes(make_model, x, y, teacher_of, n_teachers, queries, seed, opts, batch_size, log):
-    """Every teacher's predicted label on every query: (T, Q) int16."""
+def teacher_votes(
+    make_model, x, y, teacher_of, n_teachers, queries, seed, opts, batch_size, log, save_dir=None
+):
+    """Every teacher's predicted label on every query: (T, Q) int16.
+
+    With ``save_dir``, each chunk's labels are saved there as it finishes
+    (``chunk<first>.npy``; private, unnoised) and read back instead of retrained after a kill.
+    """
     from dpsub.pate.votes import members
 
     parts = [torch.as_tensor(m) for m in members(teacher_of, n_teachers)]
     preds = []
     for first in range(0, n_teachers, opts.chunk):
         chunk = parts[first : first + opts.chunk]
+        saved = save_dir / f"chunk{first}.npy" if save_dir is not None else None
+        if saved is not None and saved.is_file():
+            preds.append(np.load(saved))
+            log.info(
+                "teachers: %d / %d read back (trained before a kill)",
+                first + len(chunk),
+                n_teachers,
+            )
+            continue
         base, params, buffers = train_chunk(make_model, x, y, chunk, first, seed, opts)
         # a vmapped forward holds chunk x batch activations: keep it near one eval batch
         per = max(16, batch_size // len(chunk))
-        preds.append(predict_chunk(base, params, buffers, queries, per))
+        preds.append(predict_chunk(base, params, buffers, queries, per).astype(np.int16))
+        if saved is not None:
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            np.save(saved.with_suffix(".tmp.npy"), preds[-1])
+            saved.with_suffix(".tmp.npy").replace(saved)
         log.info("teachers: %d / %d trained", first + len(chunk), n_teachers)
     return np.concatenate(preds).astype(np.int16)
