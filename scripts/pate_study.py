@@ -5,7 +5,7 @@
     uv run python scripts/pate_study.py tune mnist --only eps2   # run dirs whose name has "eps2"
     uv run python scripts/make_table.py --study pate        # the table (results/pate/README.md)
 
-A thin wrapper over dpsub.pate.study (the settings, the picks) and dpsub.pate.cli.run_pate.
+A thin wrapper over dpsub.studies (PATE_SETTINGS, the picks) and dpsub.pate.cli.run_pate.
 Runs go to outputs/pate_study/ (their private/votes.npy stays there); a finished run's
 config.yaml, summary.json, metrics.jsonl and train.log are copied under results/pate/runs/.
 A finished run is not run again.
@@ -23,7 +23,7 @@ try:
 except ImportError:  # a checkout without the package installed
     sys.path.insert(0, str(ROOT / "src"))
 
-from dpsub.pate import study  # noqa: E402
+from dpsub import studies  # noqa: E402
 from dpsub.runs import RunDir  # noqa: E402
 
 WORK = ROOT / "outputs" / "pate_study"
@@ -50,17 +50,17 @@ def run_one(run_dir: Path, overrides: list[str]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("stage", choices=("tune", "final"))
-    p.add_argument("setting", choices=sorted(study.SETTINGS))
+    p.add_argument("setting", choices=sorted(studies.PATE_SETTINGS))
     p.add_argument("--only", default=None, help="run only the dirs whose name contains this")
     args = p.parse_args()
     if args.stage == "tune":
-        runs = study.tune_runs(args.setting, WORK)
+        runs = studies.pate_tune_runs(args.setting, WORK)
     else:
-        chosen = study.picks(args.setting, WORK)
+        chosen = studies.pate_picks(args.setting, WORK)
         if not chosen:
             print(f"pate_study: no finished tuning runs of {args.setting}", file=sys.stderr)
             sys.exit(2)
-        runs = study.final_runs(args.setting, WORK, chosen)
+        runs = studies.pate_final_runs(args.setting, WORK, chosen)
     for run_dir, overrides in runs:
         if args.only is None or args.only in run_dir.name:
             run_one(run_dir, overrides)
