@@ -158,3 +158,13 @@ def test_votes_cache_shares_teachers_across_budgets_only(tmp_path, monkeypatch):
     )
     run_pate(_cfg(cache, "seed=1"), tmp_path / "c")
     assert calls == [1] and len(list((tmp_path / "cache").glob("*.npy"))) == 2
+
+
+def test_chunk_claims_share_teachers_between_processes(tmp_path):
+    """A chunk claimed by a live process is left to it; a dead holder's claim is taken over."""
+    from dpsub.pate.teachers import _claim
+
+    claim = tmp_path / "chunk0.claim"
+    assert _claim(claim) and not _claim(claim)  # this (live) process holds it
+    claim.write_text("999999999")  # a pid that does not exist
+    assert _claim(claim) and claim.read_text() == str(__import__("os").getpid())

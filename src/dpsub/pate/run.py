@@ -69,13 +69,21 @@ def compute_votes(cfg, pate, pools, device, save_dir: Path | None = None) -> np.
     def make_model():
         return build_model(name, pools.in_shape, pools.num_classes, **mcfg)
 
-    teacher_of = partition(len(pools.train_y), pate.teachers, cfg.seed)
+    seed = teacher_seed(cfg, pate)
+    teacher_of = partition(len(pools.train_y), pate.teachers, seed)
     opts = TeacherOptions(**OmegaConf.to_container(pate.teacher))
     x, y = pools.train_x.to(device), pools.train_y.to(device)
     return teacher_votes(
-        make_model, x, y, teacher_of, pate.teachers, pools.public_x.to(device), cfg.seed, opts,
+        make_model, x, y, teacher_of, pate.teachers, pools.public_x.to(device), seed, opts,
         cfg.train.eval_batch_size, log, save_dir,
     )  # fmt: skip
+
+
+def teacher_seed(cfg, pate) -> int:
+    """The teachers' partition and initialization seed: ``pate.teacher_seed``, else ``seed``
+    (a fixed teacher seed makes seeds differ only in the aggregator's noise and the student)."""
+    ts = pate.get("teacher_seed")
+    return int(cfg.seed if ts is None else ts)
 
 
 def held_out(cfg, pate) -> int | None:
@@ -96,7 +104,8 @@ def votes_key(cfg, pate) -> str:
     dataset = OmegaConf.to_container(cfg.dataset)
     dataset["validation_size"] = held_out(cfg, pate)  # the teachers' data, however held out
     keys = {
-        "dataset": dataset, "model": cfg.model, "seed": cfg.seed, "teachers": pate.teachers,
+        "dataset": dataset, "model": cfg.model, "seed": teacher_seed(cfg, pate),
+        "teachers": pate.teachers,
         "teacher": pate.teacher, "public_size": pate.public_size,
     }  # fmt: skip
     text = json.dumps(OmegaConf.to_container(OmegaConf.create(keys)), sort_keys=True)
@@ -115,7 +124,10 @@ def load_or_compute_votes(cfg, pate, pools, device, run_dir: Path) -> np.ndarray
         votes = np.load(cache)
         log.info("pate: teachers' votes read from the cache %s (not retrained)", cache)
     else:
-        votes = compute_votes(cfg, pate, pools, device, run_dir / VOTES.parent / "teachers")
+        chunks = cache.with_suffix(".chunks") if cache is not None else None
+        votes = compute_votes(
+            cfg, pate, pools, device, chunks or run_dir / VOTES.parent / "teachers"
+        )
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
             np.save(cache.with_suffix(".tmp.npy"), votes)
