@@ -356,7 +356,7 @@ MUTANTS = (
         "src/dpsub/pate/aggregators.py",
         "return counts + rng.normal(0.0, self.sigma, size=counts.shape)",
         "return counts + rng.normal(0.0, 0.5 * self.sigma, size=counts.shape)",
-        ("tests/unit/test_audit_pate.py", "-k", "below_the_ledgers"),
+        ("tests/integration/test_audit_pate.py", "-k", "below_the_ledgers"),
     ),
     Mutant(
         "pate-lnmax-half-noise",
