@@ -4,6 +4,7 @@
     uv run python scripts/audit_table.py dist                # DP-SGD over 2 ranks (torchrun, gloo)
     uv run python scripts/audit_table.py onerun              # the one-run input-space audits
     uv run python scripts/audit_table.py table               # table.md + lower_vs_upper.png
+    uv run python scripts/audit_table.py pate                # PATE's aggregators (audit=pate)
 
 A thin wrapper over dpsub.audit.cli.run_audit; the setting is SETTING below.
 """
@@ -118,6 +119,46 @@ def onerun() -> None:
         print(name, r["lower_bound"]["epsilon"], r["epsilon_upper"], r["trials"], flush=True)
 
 
+#: PATE's aggregators (audit=pate): one query's noise, from small to large claimed epsilon
+PATE = {
+    "pate-gnmax-sigma8": ("audit.aggregator=gnmax", "audit.sigma2=8"),
+    "pate-gnmax-sigma4": ("audit.aggregator=gnmax", "audit.sigma2=4"),
+    "pate-gnmax-sigma2": ("audit.aggregator=gnmax", "audit.sigma2=2"),
+    "pate-gnmax-sigma1": ("audit.aggregator=gnmax", "audit.sigma2=1"),
+    "pate-lnmax-b4": ("audit.aggregator=lnmax", "audit.laplace_scale=4"),
+    "pate-lnmax-b1": ("audit.aggregator=lnmax", "audit.laplace_scale=1"),
+    "pate-confident-s4-T35": ("audit.aggregator=confident", "audit.sigma1=4", "audit.sigma2=4",
+                              "audit.threshold=35"),
+}  # fmt: skip
+PATE_SETTING = ("audit=pate", "logger=disabled", "audit.leads=[25,26,27,28,29,30,31,32,33,34,35,"
+                "36,37,38,39,40,41,42,43,44,45,46,47,48,49,50]")  # fmt: skip
+
+
+def pate() -> None:
+    from dpsub.audit.cli import run_audit
+    from dpsub.config import compose
+
+    for name, extra in PATE.items():
+        d = OUT / name
+        if not (d / "audit.json").is_file():
+            run_audit(compose([*PATE_SETTING, *extra], config_name="dpsub_audit"), d)
+    rows = []
+    for name in PATE:
+        r = json.loads((OUT / name / "audit.json").read_text())
+        lb, t = r["lower_bound"], r["test"]
+        rows.append(
+            f"| {name.removeprefix('pate-')} | {r['epsilon_upper']:.3f} | {lb['epsilon']:.3f} | "
+            f"H = {r['neighbours']['H'][:2]}, H' = {r['neighbours']['H_prime'][:2]} | "
+            f"output {'==' if t['when'] else '!='} {t['output']} | {lb['false_pos']} / {lb['n_out']}, "
+            f"{lb['false_neg']} / {lb['n_in']} | {'**yes**' if r['exceeds_upper'] else 'no'} |"
+        )
+    head = ("| aggregator | ledger eps (one query) | lower bound (CP 95%) | neighbours (first two "
+            "counts) | test | false pos, false neg | lower > ledger? |\n"
+            "|---|---:|---:|---|---|---|---|")  # fmt: skip
+    (OUT.parent / "pate_table.md").write_text(head + "\n" + "\n".join(rows) + "\n")
+    print(head + "\n" + "\n".join(rows))
+
+
 def table() -> None:
     rows, pts = [], []
     for name in [*MECHANISMS, DIST]:
@@ -186,7 +227,11 @@ def plot(pts) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["run", "dist", "onerun", "table"])
+    ap.add_argument("what", choices=["run", "dist", "onerun", "table", "pate"])
     ap.add_argument("--only")
     a = ap.parse_args()
-    sys.exit({"run": lambda: run(a.only), "dist": dist, "onerun": onerun, "table": table}[a.what]())
+    sys.exit(
+        {"run": lambda: run(a.only), "dist": dist, "onerun": onerun, "table": table, "pate": pate}[
+            a.what
+        ]()
+    )

@@ -20,7 +20,7 @@ computed here from the model and the test set, never from the private training d
 covered by its epsilon). Each run's config.yaml, summary.json and metrics.jsonl (and the
 cached public_projection.json) are copied beside the table, checkpoints are not.
 
-``--study speed|rgp|dphero [--collect DIR]`` prints the table of ``results/<study>/README.md``
+``--study speed|rgp|dphero|pate [--collect DIR]`` prints the table of ``results/<study>/README.md``
 from ``results/<study>/runs`` (``dpsub.studies``), after copying in the finished runs under DIR.
 
 Override arguments (``train.epochs=3``) select the folder of runs reproduce.py made with

@@ -359,6 +359,13 @@ MUTANTS = (
         ("tests/unit/test_pate.py", "-k", "gnmax_noise_std"),
     ),
     Mutant(
+        "audit-pate-gnmax-half-noise",
+        "src/dpsub/pate/aggregators.py",
+        "return counts + rng.normal(0.0, self.sigma, size=counts.shape)",
+        "return counts + rng.normal(0.0, 0.5 * self.sigma, size=counts.shape)",
+        ("tests/integration/test_audit_pate.py", "-k", "below_the_ledgers"),
+    ),
+    Mutant(
         "pate-lnmax-half-noise",
         "src/dpsub/pate/aggregators.py",
         "noisy = counts + rng.laplace(0.0, self.scale, size=counts.shape)",

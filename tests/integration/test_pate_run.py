@@ -121,3 +121,48 @@ def test_data_dependent_epsilon_only_on_request_and_then_not_covered(tmp_path):
     assert summary["covered_by_epsilon"] is False
     assert 0 < summary["epsilon_data_dependent"] <= summary["epsilon"] + 1e-9
     assert "data-dependent epsilon" in (tmp_path / "dd" / "train.log").read_text()
+
+
+def test_validation_split_tunes_without_the_test_set(tmp_path, monkeypatch):
+    """dataset.validation_size: teachers train on the rest of the private set, the public
+    pool is unchanged, and the student is evaluated on the held-out examples only."""
+    from dpsub.training import trainer
+
+    seen = []
+    real = trainer.evaluate
+    monkeypatch.setattr(
+        trainer, "evaluate", lambda m, x, y, b: seen.append(len(y)) or real(m, x, y, b)
+    )
+    summary = run_pate(_cfg("dataset.validation_size=200"), tmp_path / "tune")
+    assert "validation_accuracy" in summary and "test_accuracy" not in summary
+    assert seen == [200]  # evaluated once, on the 200 held-out training examples
+    log_text = (tmp_path / "tune" / "train.log").read_text()
+    assert "final: validation accuracy" in log_text and "public pool 150" in log_text
+
+
+def test_votes_cache_shares_teachers_across_budgets_only(tmp_path, monkeypatch):
+    """Runs that differ only in the aggregator or the budget read the cached votes; a run
+    whose teachers differ (another seed) trains its own."""
+    cache = f"pate.votes_cache={tmp_path / 'cache'}"
+    first = run_pate(_cfg(cache), tmp_path / "a")
+    assert len(list((tmp_path / "cache").glob("*.npy"))) == 1
+    calls = []
+    real = pate_run.compute_votes
+    monkeypatch.setattr(pate_run, "compute_votes", lambda *a: calls.append(1) or real(*a))
+    other = run_pate(_cfg(cache, "privacy.epsilon=20", "pate.sigma2=5.0"), tmp_path / "b")
+    assert calls == [] and other["queries"] != first["queries"]
+    assert np.array_equal(
+        np.load(tmp_path / "a" / pate_run.VOTES), np.load(tmp_path / "b" / pate_run.VOTES)
+    )
+    run_pate(_cfg(cache, "seed=1"), tmp_path / "c")
+    assert calls == [1] and len(list((tmp_path / "cache").glob("*.npy"))) == 2
+
+
+def test_chunk_claims_share_teachers_between_processes(tmp_path):
+    """A chunk claimed by a live process is left to it; a dead holder's claim is taken over."""
+    from dpsub.pate.teachers import _claim
+
+    claim = tmp_path / "chunk0.claim"
+    assert _claim(claim) and not _claim(claim)  # this (live) process holds it
+    claim.write_text("999999999")  # a pid that does not exist
+    assert _claim(claim) and claim.read_text() == str(__import__("os").getpid())

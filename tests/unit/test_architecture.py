@@ -40,7 +40,7 @@ LAYERS = {
     "train": 8,  # the command line
     "overrides": 1,  # command-line overrides checked against conf/ (torch-free)
     "commands": 8,  # console commands that run the scripts
-    "audit": 9,  # privacy audits of the real training step (uses training and the CLI)
+    "audit": 10,  # privacy audits of the real training step and of PATE's aggregators
     "runs": 0,  # a run folder's file names and loading (no torch)
     "stats": 0,  # intervals and tests over seeds (no torch)
     "studies": 7,  # the studies' tables rendered from run folders

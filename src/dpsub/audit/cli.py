@@ -1,7 +1,7 @@
 """``dpsub-audit``: an empirical lower bound on epsilon for the configured run.
 
 Hydra composes ``conf/dpsub_audit.yaml``: the training config (every group) plus the
-``audit/`` group (``whitebox`` or ``onerun``). The run's config is validated first
+``audit/`` group (``whitebox``, ``onerun`` or ``pate``: a PATE aggregator alone). The run's config is validated first
 (one line, exit code 2, nothing written on a bad value); then the audit builds the run
 with :func:`~dpsub.training.run.build_run` and writes, into ``out_dir``:
 ``config.yaml``, ``train.log`` (with one ``audit:`` line), ``summary.json`` (the run's
@@ -25,7 +25,7 @@ from dpsub.train import CONF_DIR, fail, job_dir
 
 log = logging.getLogger("dpsub")
 
-KINDS = ("whitebox", "onerun")
+KINDS = ("whitebox", "onerun", "pate")
 
 
 def split(cfg: DictConfig) -> tuple[DictConfig, DictConfig]:
@@ -40,7 +40,12 @@ def split(cfg: DictConfig) -> tuple[DictConfig, DictConfig]:
         check_options(audit)
     if audit.kind not in KINDS:
         raise ConfigError(f"audit.kind: must be one of {KINDS}, got {audit.kind!r}")
-    positive = ("steps", "trials", "direct_trials", "canaries", "guesses", "norm_scale")
+    if audit.kind == "pate":
+        from dpsub.audit.aggregator import check_options as check_pate
+
+        check_pate(audit)
+    positive = ("steps", "trials", "direct_trials", "canaries", "guesses", "norm_scale",
+                "pilot_trials", "teachers")  # fmt: skip
     for key in positive:
         if key in audit and not audit[key] > 0:
             raise ConfigError(f"audit.{key}: must be > 0, got {audit[key]!r}")
@@ -63,6 +68,13 @@ def whitebox(cfg: DictConfig, audit: DictConfig) -> tuple[dict, object]:
 
     run = build_run(cfg, dist=init_distributed(cfg.device))  # torchrun: every rank audits
     return whitebox_audit(run, options), run
+
+
+def aggregator(cfg: DictConfig, audit: DictConfig) -> tuple[dict, None]:
+    """``audit=pate``: the aggregator alone (no training run is built)."""
+    from dpsub.audit.aggregator import audit_from_config
+
+    return audit_from_config(audit, float(cfg.privacy.delta)), None
 
 
 def audit_line(report: dict) -> str:
@@ -89,13 +101,10 @@ def write(run_dir: Path, cfg: DictConfig, audit: DictConfig, report: dict, run) 
 
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.merge(cfg, {"audit": audit}), run_dir / CONFIG)
-    summary = {
-        "steps": report["steps"],
-        "epsilon": report["epsilon_upper"],
-        "delta": report["delta"],
-        "accountant": report["accountant"],
-        "noise_multiplier": run.z,
-    }
+    summary = {"epsilon": report["epsilon_upper"], "delta": report["delta"],
+               "accountant": report["accountant"]}  # fmt: skip
+    if run is not None:  # audit=pate builds no training run
+        summary.update(steps=report["steps"], noise_multiplier=run.z)
     if report["kind"] == "onerun":
         from dpsub.training.trainer import evaluate
 
@@ -115,6 +124,8 @@ def run_audit(cfg: DictConfig, run_dir: Path) -> dict:
         cfg, audit = split(cfg)
         if audit.kind == "whitebox":
             report, run = whitebox(cfg, audit)
+        elif audit.kind == "pate":
+            report, run = aggregator(cfg, audit)
         else:
             from dpsub.audit.onerun import onerun_audit
 
@@ -125,9 +136,10 @@ def run_audit(cfg: DictConfig, run_dir: Path) -> dict:
         if exit_code(e) is None:
             raise
         fail(e)
-    if run.dist.main:
+    if run is None or run.dist.main:
         write(run_dir, cfg, audit, report, run)
-    run.dist.shutdown()
+    if run is not None:
+        run.dist.shutdown()
     return report
 
 

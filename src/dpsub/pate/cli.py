@@ -36,33 +36,31 @@ class JsonlMetrics:
 def run_pate(cfg: DictConfig, run_dir: Path, resume: bool = False) -> dict:
     """Validate, then votes -> answers -> student; returns the summary."""
     from dpsub.config import check_environment
-    from dpsub.errors import ConfigError, exit_code
+    from dpsub.errors import exit_code
     from dpsub.pate.run import split
 
     try:
         cfg, pate = split(cfg)
         check_environment(cfg)
+        from dpsub.pate.pool import make_pools
         from dpsub.training.run import load_data, pick_device
 
         data, device = load_data(cfg), pick_device(str(cfg.device))
-        from dpsub.pate.pool import public_split
+        from dpsub.pate.run import held_out
 
-        try:
-            public, evaluation = public_split(len(data.test_y), pate.public_size)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        evaluate_held_out = bool(cfg.dataset.get("validation_size"))
+        pools = make_pools(data, pate.public_size, held_out(cfg, pate), evaluate_held_out, cfg.seed)
     except Exception as e:  # noqa: BLE001 -- dpsub's own errors become one line
         if exit_code(e) is None:
             raise
         fail(e)
-    return _execute(cfg, pate, data, device, public, evaluation, run_dir, resume)
+    return _execute(cfg, pate, pools, device, run_dir, resume)
 
 
-def _execute(cfg, pate, data, device, public, evaluation, run_dir: Path, resume: bool) -> dict:
-    import numpy as np
+def _execute(cfg, pate, pools, device, run_dir: Path, resume: bool) -> dict:
     import torch
 
-    from dpsub.pate.run import DD_NOTE, VOTES, answer_queries, compute_votes
+    from dpsub.pate.run import DD_NOTE, answer_queries, load_or_compute_votes
     from dpsub.training.progress import attach_run_log
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -71,35 +69,30 @@ def _execute(cfg, pate, data, device, public, evaluation, run_dir: Path, resume:
     detach = attach_run_log(run_dir / "train.log")
     try:
         torch.manual_seed(cfg.seed)
-        log.info("pate: %s | %d teachers | public pool %d, evaluation %d", data.describe(),
-                 pate.teachers, len(public), len(evaluation))  # fmt: skip
-        votes_path = run_dir / VOTES
-        if votes_path.is_file():
-            votes = np.load(votes_path)
-        else:
-            votes = compute_votes(cfg, pate, data, data.test_x[public], device)
-            votes_path.parent.mkdir(exist_ok=True)
-            np.save(votes_path, votes)
+        log.info("pate: %s | %d teachers | public pool %d, %s examples %d", pools.describe,
+                 pate.teachers, len(pools.public_x), pools.eval_split, len(pools.eval_y))  # fmt: skip
+        votes = load_or_compute_votes(cfg, pate, pools, device, run_dir)
         metrics = JsonlMetrics(run_dir / "metrics.jsonl")
-        out = answer_queries(cfg, pate, votes, data.num_classes, run_dir, metrics)
-        summary = _student(cfg, pate, data, device, public, evaluation, out)
+        out = answer_queries(cfg, pate, votes, pools.num_classes, run_dir, metrics)
+        summary = _student(cfg, pate, pools, device, out)
         dd = ""
         if pate.get("data_dependent", False):  # unnoised private statistic: not covered
             summary.update(epsilon_data_dependent_note=DD_NOTE)
             dd = f"data-dependent epsilon {summary['epsilon_data_dependent']:.4f} (NOT a guarantee) | "
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info(
-            "final: test accuracy %.2f%% | epsilon %.4f (delta=%s, data-independent RDP) | "
+            "final: %s accuracy %.2f%% | epsilon %.4f (delta=%s, data-independent RDP) | "
             "%s%d queries, %d answered | covered by epsilon: %s | run dir %s",
-            100 * summary["test_accuracy"], summary["epsilon"], cfg.privacy.delta, dd,
-            summary["queries"], summary["answered"], summary["covered_by_epsilon"], run_dir,
+            pools.eval_split, 100 * summary[f"{pools.eval_split}_accuracy"], summary["epsilon"],
+            cfg.privacy.delta, dd, summary["queries"], summary["answered"],
+            summary["covered_by_epsilon"], run_dir,
         )  # fmt: skip
     finally:
         detach()
     return summary
 
 
-def _student(cfg, pate, data, device, public, evaluation, out) -> dict:
+def _student(cfg, pate, pools, device, out) -> dict:
     import torch
 
     from dpsub.models import build_model
@@ -113,20 +106,20 @@ def _student(cfg, pate, data, device, public, evaluation, out) -> dict:
 
         why = "no query was answered within the budget: raise it or the aggregator's noise"
         fail(ConfigError(f"privacy.epsilon: {why}"))
-    x = data.test_x[torch.as_tensor(public)][labels[:, 0]].to(device)
+    x = pools.public_x[labels[:, 0]].to(device)
     y = labels[:, 1].to(device)
     mcfg = OmegaConf.to_container(cfg.model, resolve=True)
     torch.manual_seed(cfg.seed)
-    model = build_model(mcfg.pop("name"), data.in_shape, data.num_classes, **mcfg).to(device)
+    model = build_model(mcfg.pop("name"), pools.in_shape, pools.num_classes, **mcfg).to(device)
     train_student(model, x, y, StudentOptions(**OmegaConf.to_container(pate.student)), cfg.seed)
-    ev = torch.as_tensor(evaluation)
-    acc, loss = evaluate(model, data.test_x[ev].to(device), data.test_y[ev].to(device),
+    acc, loss = evaluate(model, pools.eval_x.to(device), pools.eval_y.to(device),
                          cfg.train.eval_batch_size)  # fmt: skip
-    correct = float((y.cpu() == data.test_y[torch.as_tensor(public)][labels[:, 0]]).float().mean())
+    correct = float((y.cpu() == pools.public_y[labels[:, 0]]).float().mean())
     dd = bool(pate.get("data_dependent", False))
+    split = pools.eval_split  # "test", or "validation" (a tuning run: test never evaluated)
     out = {
-        "test_accuracy": acc,
-        "test_loss": loss,
+        f"{split}_accuracy": acc,
+        f"{split}_loss": loss,
         "epsilon": ledger.epsilon(),
         "delta": cfg.privacy.delta,
         "target_epsilon": cfg.privacy.epsilon,
@@ -150,7 +143,8 @@ def _student(cfg, pate, data, device, public, evaluation, out) -> dict:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="dpsub_pate")
 def main(cfg: DictConfig) -> float:
-    return run_pate(cfg, job_dir(cfg))["test_accuracy"]
+    summary = run_pate(cfg, job_dir(cfg))
+    return summary.get("test_accuracy", summary.get("validation_accuracy"))
 
 
 def resume(args: list[str]) -> None:

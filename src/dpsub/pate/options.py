@@ -7,7 +7,8 @@ from dpsub.pate.aggregators import AGGREGATORS
 
 KEYS = {
     "aggregator", "teachers", "sigma1", "sigma2", "threshold", "laplace_scale", "public_size",
-    "max_queries", "checkpoint_every", "teacher", "student", "data_dependent",
+    "max_queries", "checkpoint_every", "teacher", "student", "data_dependent", "votes_cache",
+    "holdout", "teacher_seed",
 }  # fmt: skip
 TEACHER_KEYS = {"epochs", "batch_size", "lr", "momentum", "chunk"}
 STUDENT_KEYS = {"epochs", "batch_size", "lr", "momentum"}
@@ -37,6 +38,15 @@ def check_options(p) -> None:
         raise ConfigError(
             f"pate.max_queries: must be null or a positive integer, got {p.max_queries!r}"
         )
+    hold = p.get("holdout")
+    if hold is not None and (isinstance(hold, bool) or not isinstance(hold, int) or hold <= 0):
+        raise ConfigError(f"pate.holdout: must be null or a positive integer, got {hold!r}")
+    ts = p.get("teacher_seed")
+    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int)):
+        raise ConfigError(f"pate.teacher_seed: must be null or an integer, got {ts!r}")
+    cache = p.get("votes_cache")
+    if cache is not None and not (isinstance(cache, str) and cache):
+        raise ConfigError(f"pate.votes_cache: must be null or a directory, got {cache!r}")
     if not isinstance(p.get("data_dependent", False), bool):
         raise ConfigError(f"pate.data_dependent: must be true or false, got {p.data_dependent!r}")
     for group, keys in (("teacher", TEACHER_KEYS), ("student", STUDENT_KEYS)):

@@ -47,8 +47,6 @@ def split(cfg: DictConfig) -> tuple[DictConfig, DictConfig]:
     validate(cfg)
     if cfg.privacy.rng != "seeded":
         raise ConfigError("privacy.rng: dpsub-pate implements only seeded noise so far")
-    if cfg.dataset.get("validation_size") is not None:
-        raise ConfigError("dataset.validation_size: not implemented for dpsub-pate yet")
     return cfg, pate
 
 
@@ -61,7 +59,7 @@ def _save_state(run_dir: Path, state: dict) -> None:
     os.replace(tmp, run_dir / STATE)
 
 
-def compute_votes(cfg, pate, data, public_x, device) -> np.ndarray:
+def compute_votes(cfg, pate, pools, device, save_dir: Path | None = None) -> np.ndarray:
     from dpsub.models import build_model
     from dpsub.pate.teachers import TeacherOptions, teacher_votes
 
@@ -69,15 +67,74 @@ def compute_votes(cfg, pate, data, public_x, device) -> np.ndarray:
     name = mcfg.pop("name")
 
     def make_model():
-        return build_model(name, data.in_shape, data.num_classes, **mcfg)
+        return build_model(name, pools.in_shape, pools.num_classes, **mcfg)
 
-    teacher_of = partition(len(data.train_y), pate.teachers, cfg.seed)
+    seed = teacher_seed(cfg, pate)
+    teacher_of = partition(len(pools.train_y), pate.teachers, seed)
     opts = TeacherOptions(**OmegaConf.to_container(pate.teacher))
-    x, y = data.train_x.to(device), data.train_y.to(device)
+    x, y = pools.train_x.to(device), pools.train_y.to(device)
     return teacher_votes(
-        make_model, x, y, teacher_of, pate.teachers, public_x.to(device), cfg.seed, opts,
-        cfg.train.eval_batch_size, log,
+        make_model, x, y, teacher_of, pate.teachers, pools.public_x.to(device), seed, opts,
+        cfg.train.eval_batch_size, log, save_dir,
     )  # fmt: skip
+
+
+def teacher_seed(cfg, pate) -> int:
+    """The teachers' partition and initialization seed: ``pate.teacher_seed``, else ``seed``
+    (a fixed teacher seed makes seeds differ only in the aggregator's noise and the student)."""
+    ts = pate.get("teacher_seed")
+    return int(cfg.seed if ts is None else ts)
+
+
+def held_out(cfg, pate) -> int | None:
+    """Training examples kept from the teachers: ``dataset.validation_size`` (a tuning run,
+    evaluated on them) or ``pate.holdout`` (kept out, unused: the teachers of a final run
+    then equal those of its tuning runs). ConfigError when both are set and differ."""
+    val, hold = cfg.dataset.get("validation_size"), pate.get("holdout")
+    if val and hold and val != hold:
+        raise ConfigError(f"pate.holdout: must equal dataset.validation_size ({val}), got {hold}")
+    return val or hold or None
+
+
+def votes_key(cfg, pate) -> str:
+    """A digest of everything the teachers' votes depend on (not the aggregator, budget or
+    student): runs that differ only in those share their votes through ``pate.votes_cache``."""
+    import hashlib
+
+    dataset = OmegaConf.to_container(cfg.dataset)
+    dataset["validation_size"] = held_out(cfg, pate)  # the teachers' data, however held out
+    keys = {
+        "dataset": dataset, "model": cfg.model, "seed": teacher_seed(cfg, pate),
+        "teachers": pate.teachers,
+        "teacher": pate.teacher, "public_size": pate.public_size,
+    }  # fmt: skip
+    text = json.dumps(OmegaConf.to_container(OmegaConf.create(keys)), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def load_or_compute_votes(cfg, pate, pools, device, run_dir: Path) -> np.ndarray:
+    """The run's own votes if saved (resume), else the cache's, else trained teachers'."""
+    path = run_dir / VOTES
+    cache = (
+        Path(pate.votes_cache) / f"{votes_key(cfg, pate)}.npy" if pate.get("votes_cache") else None
+    )
+    if path.is_file():
+        return np.load(path)
+    if cache is not None and cache.is_file():
+        votes = np.load(cache)
+        log.info("pate: teachers' votes read from the cache %s (not retrained)", cache)
+    else:
+        chunks = cache.with_suffix(".chunks") if cache is not None else None
+        votes = compute_votes(
+            cfg, pate, pools, device, chunks or run_dir / VOTES.parent / "teachers"
+        )
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            np.save(cache.with_suffix(".tmp.npy"), votes)
+            os.replace(cache.with_suffix(".tmp.npy"), cache)
+    path.parent.mkdir(exist_ok=True)
+    np.save(path, votes)
+    return votes
 
 
 def answer_queries(cfg, pate, votes: np.ndarray, num_classes: int, run_dir: Path, logger) -> dict:

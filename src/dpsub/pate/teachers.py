@@ -92,15 +92,77 @@ def predict_chunk(base, params, buffers, queries: torch.Tensor, batch_size: int)
     return torch.cat(out, dim=1).cpu().numpy()
 
 
-def teacher_votes(make_model, x, y, teacher_of, n_teachers, queries, seed, opts, batch_size, log):
-    """Every teacher's predicted label on every query: (T, Q) int16."""
+def _claim(path) -> bool:
+    """Take ``path`` (a chunk's claim) for this process; a dead holder's claim is taken over."""
+    import os
+
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            os.kill(int(path.read_text() or 0), 0)
+            return False  # held by a live process
+        except (ProcessLookupError, ValueError):
+            path.unlink(missing_ok=True)
+            return _claim(path)
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return True
+
+
+def _wait_for(saved, claim, log):
+    """A chunk another process claimed: wait for its file (or take it over if it died)."""
+    import time
+
+    while not saved.is_file():
+        if _claim(claim):
+            return None
+        time.sleep(5)
+    log.info("teachers: %s trained by another process", saved.name)
+    return np.load(saved)
+
+
+def teacher_votes(
+    make_model, x, y, teacher_of, n_teachers, queries, seed, opts, batch_size, log, save_dir=None
+):
+    """Every teacher's predicted label on every query: (T, Q) int16.
+
+    With ``save_dir``, each chunk's labels are saved there as it finishes
+    (``chunk<first>.npy``; private, unnoised) and read back instead of retrained after a
+    kill; a process claims a chunk before training it (``chunk<first>.claim``), so several
+    processes given the same ``save_dir`` (``pate.votes_cache``) share the chunks.
+    """
     from dpsub.pate.votes import members
 
     parts = [torch.as_tensor(m) for m in members(teacher_of, n_teachers)]
-    preds = []
+    if save_dir is not None:
+        save_dir.mkdir(parents=True, exist_ok=True)
+    preds, later = {}, []
     for first in range(0, n_teachers, opts.chunk):
         chunk = parts[first : first + opts.chunk]
+        saved = save_dir / f"chunk{first}.npy" if save_dir is not None else None
+        if saved is not None and saved.is_file():
+            preds[first] = np.load(saved)
+            continue
+        if saved is not None and not _claim(save_dir / f"chunk{first}.claim"):
+            later.append(first)
+            continue
         base, params, buffers = train_chunk(make_model, x, y, chunk, first, seed, opts)
-        preds.append(predict_chunk(base, params, buffers, queries, batch_size))
+        # a vmapped forward holds chunk x batch activations: keep it near one eval batch
+        per = max(16, batch_size // len(chunk))
+        preds[first] = predict_chunk(base, params, buffers, queries, per).astype(np.int16)
+        if saved is not None:
+            np.save(saved.with_suffix(".tmp.npy"), preds[first])
+            saved.with_suffix(".tmp.npy").replace(saved)
         log.info("teachers: %d / %d trained", first + len(chunk), n_teachers)
-    return np.concatenate(preds).astype(np.int16)
+    for first in later:
+        preds[first] = _wait_for(
+            save_dir / f"chunk{first}.npy", save_dir / f"chunk{first}.claim", log
+        )
+        if preds[first] is None:  # its holder died: train it here
+            chunk = parts[first : first + opts.chunk]
+            base, params, buffers = train_chunk(make_model, x, y, chunk, first, seed, opts)
+            per = max(16, batch_size // len(chunk))
+            preds[first] = predict_chunk(base, params, buffers, queries, per).astype(np.int16)
+            np.save(save_dir / f"chunk{first}.npy", preds[first])
+    return np.concatenate([preds[k] for k in sorted(preds)]).astype(np.int16)
