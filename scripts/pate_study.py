@@ -31,17 +31,15 @@ RESULTS = ROOT / "results" / "pate" / "runs"
 
 
 def run_one(run_dir: Path, overrides: list[str]) -> None:
-    from hydra import compose, initialize_config_dir
-
+    from dpsub.config import compose
     from dpsub.pate.cli import run_pate
-    from dpsub.train import CONF_DIR, configure_logging
+    from dpsub.train import configure_logging
 
     dest = RESULTS / run_dir.relative_to(WORK)
     if not RunDir(run_dir).finished:
         configure_logging()
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose(config_name="dpsub_pate", overrides=overrides)
-        resume = (run_dir / "config.yaml").is_file()  # a killed run continues
+        cfg = compose(overrides, config_name="dpsub_pate")
+        resume = RunDir(run_dir).config_path.is_file()  # a killed run continues
         run_pate(cfg, run_dir, resume=resume)
     RunDir(run_dir).copy_small_files(dest)
     print(f"pate_study: {dest.relative_to(ROOT)}", flush=True)

@@ -10,19 +10,15 @@ held-out examples. A thin wrapper over dpsub.pate.teachers; results/pate/teacher
 import sys
 
 import torch
-from hydra import compose, initialize_config_dir
 
+from dpsub.config import compose
 from dpsub.data.validation import carve_validation
 from dpsub.models import build_model
 from dpsub.pate.teachers import TeacherOptions, predict_chunk, train_chunk
 from dpsub.pate.votes import members, partition
-from dpsub.train import CONF_DIR
 from dpsub.training.run import load_data
 
-with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-    cfg = compose(
-        config_name="dpsub_pate", overrides=["dataset=mnist", "device=cpu", "logger=disabled"]
-    )
+cfg = compose(["dataset=mnist", "device=cpu", "logger=disabled"], config_name="dpsub_pate")
 data = carve_validation(load_data(cfg), 5000, 0)
 parts = [torch.as_tensor(m) for m in members(partition(len(data.train_y), 250, 0), 250)][:10]
 
