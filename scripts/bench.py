@@ -25,7 +25,9 @@ Usage::
 ``--set KEY=VALUE`` sets ``mechanism.KEY`` for every mechanism declaring KEY, ``--set
 MECH.KEY=VALUE`` only for MECH; ``--variant MECH:KEY=VALUE,...`` adds one more row of
 MECH with those options (e.g. GEP at two subspace cadences in one interleaved run);
-``--override`` passes any Hydra override to every run.
+``MECH@BACKEND:...`` gives that row its own backend; ``--override`` passes any Hydra
+override to every run. ``--peers`` adds other frameworks' private steps (Opacus, the GEP
+authors' code, fastDP): :mod:`dpsub.bench.peers`, docs/speed.md.
 Mechanisms that need auxiliary data get ``aux=gaussian`` with ``--aux-size`` examples.
 
 Memory is measured on separate, untimed steps before the warmup (``--memory-steps``; the
@@ -449,7 +451,10 @@ def plan(args) -> list[tuple[str, str, dict[str, Any]]]:
             rows.append((name, args.backend, {}))
     for text in args.variant:
         mech, options = parse_variant(text)
-        rows.append((mech, args.backend, options))
+        mech, _, backend = mech.partition("@")  # MECH@BACKEND: that row's backend
+        if backend and backend not in CHOICES:
+            raise SystemExit(f"--variant {text!r}: backend must be one of {', '.join(CHOICES)}")
+        rows.append((mech, backend or args.backend, options))
     return rows
 
 
@@ -669,7 +674,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="mechanism option for every mechanism declaring KEY (MECH.KEY=VALUE: MECH only)")  # fmt: skip
     p.add_argument("--variant", action="append", default=[], metavar="MECH:KEY=VALUE,...",
-                   help="one more row of MECH with these options (on top of --set)")  # fmt: skip
+                   help="one more row of MECH (MECH@BACKEND: with that backend) with these options (on top of --set)")  # fmt: skip
     p.add_argument("--override", action="append", default=[], metavar="HYDRA_OVERRIDE",
                    help="any Hydra override for every run, e.g. optim=adam")  # fmt: skip
     p.add_argument("--peers", action="store_true",

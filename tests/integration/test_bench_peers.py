@@ -135,3 +135,13 @@ def test_scaling_rows_csv_and_plot(tmp_path):
     scaling.plot(back, tmp_path / "s.png")
     assert (tmp_path / "s.png").stat().st_size > 1000
     assert scaling.model_sweep(64, [1, 2])[2].bench_args()[-1] == "model.width=2"
+
+
+def test_variant_rows_may_name_their_backend(bench):
+    args = bench.build_parser().parse_args(
+        ["--mechanisms", "dpsgd", "--backend", "vmap", "--variant", "gep@ghost:num_bases=4"]
+    )
+    assert bench.plan(args)[-1] == ("gep", "ghost", {"num_bases": 4})
+    bad = bench.build_parser().parse_args(["--variant", "gep@nope:num_bases=4"])
+    with pytest.raises(SystemExit, match="backend must be one of"):
+        bench.plan(bad)
