@@ -1,7 +1,7 @@
 """Cost growth: step time against batch size and model size, as a PNG with its data.
 
 Each setting of the two sweeps is one interleaved ``scripts/bench.py`` run of the same rows:
-non-private, DP-SGD (ghost), GEP tracked (vmap: ``num_bases``, ``aux_size`` anchors, a
+non-private, DP-SGD (ghost), GEP tracked (per-example rows from the ghost backend: ``num_bases``, ``aux_size`` anchors, a
 warm-started refit every ``subspace_every`` steps, timed over a multiple of it, mean =
 amortized) and RGP (ghost). Library: :mod:`dpsub.bench.scaling`.
 
@@ -30,8 +30,7 @@ from dpsub.bench import scaling  # noqa: E402
 def bench_argv(s: scaling.Setting, args, out: Path) -> list[str]:
     k = args.subspace_every
     return [
-        *s.bench_args(), "--mechanisms", "dpsgd", "gep", "rgp", "--backend", "vmap",
-        "--backends", "ghost", "--backends-for", "dpsgd", "rgp", "--aux-size", str(args.aux_size),
+        *s.bench_args(), "--mechanisms", "dpsgd", "gep", "rgp", "--backend", "ghost", "--aux-size", str(args.aux_size),
         "--set", f"gep.num_bases={args.num_bases}", "--set", f"gep.subspace_every={k}",
         "--set", "gep.warm_start=true", "--statistic", "mean", "--steps", str(k),
         "--warmup", "0", "--threads", str(args.threads), "--device", "cpu",

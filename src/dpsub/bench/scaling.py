@@ -17,7 +17,7 @@ from pathlib import Path
 SERIES = (
     ("non-private", "nonprivate", "-"),
     ("DP-SGD (ghost)", "dpsgd", "ghost"),
-    ("GEP tracked (vmap)", "gep", "vmap"),
+    ("GEP tracked (ghost rows)", "gep", "ghost"),
     ("RGP (ghost)", "rgp", "ghost"),
 )
 FIELDS = ("sweep", "model", "width", "params", "batch_size", "series", "mechanism", "backend",
