@@ -99,6 +99,7 @@ def opacus_peer(mode: str, model: nn.Module, x: Tensor, y: Tensor, s: PeerSettin
         loss = crit(gsm(x), y)
         loss.backward()
         opt.step()
+        opt.zero_grad(set_to_none=True)  # free the per-sample gradients between steps
 
     return PeerRun(f"opacus:{mode}", mode, gsm, step, x.device)
 
