@@ -51,16 +51,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--microbatch", type=int, default=256)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--plot-only", action="store_true", help="re-plot the committed CSV")
+    p.add_argument("--resume", action="store_true", help="keep the CSV's settings, run the rest")
     args = p.parse_args(argv)
     csv_path, png = args.out.with_suffix(".csv"), args.out.with_suffix(".png")
-    title = f"CPU, {args.threads} thread(s); GEP tracked: k={args.num_bases}, m={args.aux_size}"
-    title += f", refit every {args.subspace_every} steps"
+    title = f"CPU, {args.threads} thread(s); GEP tracked: k={args.num_bases}, m={args.aux_size}, "
+    title += f"refit every {scaling.AMORTIZE} steps (amortized from a refit and a steady step)"
     if args.plot_only:
-        scaling.plot(scaling.read_csv(csv_path), png, title)
+        scaling.plot(scaling.amortize(scaling.read_csv(csv_path)), png, title)
         return 0
     settings = scaling.batch_sweep(args.batch_model, args.batches)
     settings += scaling.model_sweep(args.model_batch, args.widths)
     table, records = [], []
+    if args.resume and csv_path.exists():
+        table = scaling.read_csv(csv_path)
+        records = json.loads(args.out.with_suffix(".json").read_text())
+        done = {scaling.key_of(r) for r in table}
+        settings = [s for s in settings if scaling.key_of(s.__dict__) not in done]
     for s in settings:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "bench.json"
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.log(f"== {s}: bench.py {shlex.join(argv_s)}")
             bench.main(argv_s)
             recs = json.loads(out.read_text())
-        table += scaling.rows(s, recs)
+        table = scaling.amortize(table + scaling.rows(s, recs))
         records += [{**r, "setting": s.__dict__} for r in recs]
         scaling.write_csv(csv_path, table)  # after every setting: a partial sweep survives
         args.out.with_suffix(".json").write_text(json.dumps(records, indent=1, default=str))
