@@ -595,7 +595,7 @@ def peers_markdown(records: list[dict], env: dict) -> str:
         f"- date: {env['date']}; git {env.get('git')}",
         f"- command: `{env['command']}`",
         f"- timing: {env['timing']}; memory: {env['memory_method']}", "",
-        *[f"- {n}" for n in PEER_NOTES], "",
+        *[f"- {n}" for n in [*PEER_NOTES, *env.get("notes", [])]], "",
     ]  # fmt: skip
     for model in dict.fromkeys(r["model"] for r in records):
         rows = [r for r in records if r["model"] == model]
@@ -684,6 +684,8 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=peer_lib.OPACUS_MODES, help="with --peers")  # fmt: skip
     p.add_argument("--gep-authors", type=Path, default=None,
                    help="with --peers: a checkout of the GEP authors' repository (needs BackPACK)")  # fmt: skip
+    p.add_argument("--note", action="append", default=[],
+                   help="with --peers: a line for the page's notes (what was left out and why)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--rss-interval", type=float, default=0.002, help="CPU RSS sampling period (s)")
@@ -714,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"== {model}, batch {args.batch_size}")
         records += bench_model(model, plan(args), args, overrides, used)
     env["loadavg_end"] = loadavg()
+    env["notes"] = list(args.note)
     for r in records:
         r["env"] = env
     unused = [
