@@ -261,9 +261,16 @@ class _Chunk:
     #: per-layer output buffers reused from step to step (the clipper's): writing a fresh
     #: tens-of-MiB tensor page-faults it in, which cost resnet20 ~15% of a step on the CPU
     buffers: dict[str, Tensor] | None = None
+    #: per-example rows written straight into the caller's (b, p) matrix: name -> its view
+    rows_into: dict[str, Tensor] | None = None
 
-    def buffer(self, key: str, shape: tuple[int, ...], like: Tensor) -> Tensor | None:
-        """A reusable (b, *shape) tensor for layer ``key``'s per-example gradients, or None."""
+    def buffer(
+        self, key: str, shape: tuple[int, ...], like: Tensor, name: str = ""
+    ) -> Tensor | None:
+        """Where layer ``key``'s per-example gradients of parameter ``name`` go: the view of
+        the caller's matrix, a reusable (b, *shape) tensor, or None (a fresh one)."""
+        if self.rows_into is not None and name in self.rows_into and name not in self.mat:
+            return self.rows_into[name]
         if self.buffers is None:
             return None
         buf = self.buffers.get(key)
@@ -427,8 +434,9 @@ class _MatmulRule(LayerRule):
             choice = "ghost"
         else:
             out, w = None, lay.params["weight"]  # one call whose rows will be kept: they go
-            if len(io) == 1 and chunk.b * w.numel() * io[0][1].element_size() <= chunk.keep_left:
-                out = chunk.buffer(lay.name, tuple(w.shape), io[0][1])  # to a reused buffer
+            fits = chunk.b * w.numel() * io[0][1].element_size() <= chunk.keep_left
+            if len(io) == 1 and fits and not lay.shared:  # to a reused buffer
+                out = chunk.buffer(lay.name, tuple(w.shape), io[0][1], name)
             G = _total(self.per_example(lay, a, g, out) for a, g in io)
             if lay.shared or chunk.keep(G):
                 chunk.add(name, G)
@@ -673,17 +681,19 @@ class GhostClipper:
         """One micro-batch of :meth:`per_example`."""
         loss, logits = self._forward(layers, x, y)
         b = x.shape[0]
-        chunk = _Chunk(b, loss.new_zeros(b), keep_left=1 << 62)
+        G = loss.new_empty(b, layout.dim)
+        views = {name: G.narrow(1, off, n).view(b, *shape) for name, off, n, shape
+                 in zip(layout.names, layout.offsets, layout.numels, layout.shapes, strict=True)}  # fmt: skip
+        chunk = _Chunk(b, loss.new_zeros(b), keep_left=1 << 62, rows_into=views)
         for lay in layers:
             _check_batched(lay, b)
             lay.rule.process(lay, chunk, "materialize")
             lay.calls = []
-        G = loss.new_empty(b, layout.dim)
         for name, off, n in zip(layout.names, layout.offsets, layout.numels, strict=True):
             rows = chunk.mat.get(name)
             if rows is None:  # a parameter the forward did not use
                 G.narrow(1, off, n).zero_()
-            else:
+            elif rows.data_ptr() != views[name].data_ptr():  # (else written there already)
                 G.narrow(1, off, n).copy_(rows.reshape(b, n))
         return G, loss, logits.argmax(1) == y
 
