@@ -540,7 +540,8 @@ PEER_NOTES = [
     "(sampling aside), Opacus' `make_private` model, optimizer (and, in ghost mode, loss); "
     "the GEP authors' `main.py` private branch with the residual added back (`--rgp`, the "
     "paper's GEP), anchors on Gaussian auxiliary data of the same size m as dpsub's.",
-    "The GEP authors' code runs from the given checkout, never copied into this repository; on "
+    "The GEP authors' code runs from the given checkout (`$GEP_AUTHORS`: github.com/dayu11/"
+    "Gradient-Embedding-Perturbation), never copied into this repository; on "
     "the CPU two lines are patched in the loaded module only: `torch.tensor(clip).cuda()` -> a "
     "tensor on the batch's device, and numpy's removed `np.int` -> `int`.",
     "`vs dpsub best` = the peer's time over dpsub's fastest row of the same mechanism "
@@ -710,6 +711,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cudnn.benchmark = True
     prog = sys.argv[0] if sys.argv[0].endswith("bench.py") else str(Path(__file__))
     env = environment(device, [os.path.relpath(prog), *argv], args)
+    if args.gep_authors:  # a path of this machine: the page names it by a placeholder
+        env["command"] = env["command"].replace(str(args.gep_authors), "$GEP_AUTHORS")
     overrides, used = parse_overrides(args.set), set()
     records = []
     for model in args.models:
