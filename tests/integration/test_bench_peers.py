@@ -137,6 +137,19 @@ def test_scaling_rows_csv_and_plot(tmp_path):
     assert scaling.model_sweep(64, [1, 2])[2].bench_args()[-1] == "model.width=2"
 
 
+def test_gep_tracked_is_amortized_from_its_refit_and_steady_steps():
+    s = scaling.Setting("batch", "resnet20", 64)
+    recs = [
+        {"mechanism": "nonprivate", "backend": "-", "status": "ok", "time_ms": 10.0,
+         "time_ratio": 1.0, "min_ms": 10, "max_ms": 10},
+        {"mechanism": "gep", "backend": "ghost", "status": "ok", "time_ms": 30.0,
+         "time_ratio": 3.0, "min_ms": 20.0, "max_ms": 40.0},
+    ]  # fmt: skip
+    (gep,) = [r for r in scaling.amortize(scaling.rows(s, recs)) if r["mechanism"] == "gep"]
+    want = (40.0 + (scaling.AMORTIZE - 1) * 20.0) / scaling.AMORTIZE
+    assert gep["amortized_ms"] == want and gep["amortized_ratio"] == want / 10.0
+
+
 def test_variant_rows_may_name_their_backend(bench):
     args = bench.build_parser().parse_args(
         ["--mechanisms", "dpsgd", "--backend", "vmap", "--variant", "gep@ghost:num_bases=4"]
