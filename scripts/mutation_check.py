@@ -119,7 +119,7 @@ MUTANTS = (
         "src/dpsub/grads/ghost.py",
         "        buf = self.buffers.get(key)\n",
         "        buf = self.buffers.get(key := \"one\")\n",
-        ("tests/test_ghost.py", "-k", "matches_reference_on_every_model"),
+        ("tests/unit/test_ghost.py", "-k", "matches_reference_on_every_model"),
     ),
     Mutant(
         "clip-factor-on-the-first-parameter-only",
