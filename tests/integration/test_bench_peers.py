@@ -16,8 +16,8 @@ import torch
 from dpsub.bench import peers as peer_lib
 from dpsub.bench import scaling
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "bench.py"
+from helpers.tables import load_script
+
 AUTHORS = os.environ.get("DPSUB_GEP_AUTHORS", "/work/gep_authors")
 HAVE_AUTHORS = (Path(AUTHORS) / peer_lib.GEP_AUTHORS_FILE).is_file()
 HAVE_BACKPACK = importlib.util.find_spec("backpack") is not None
@@ -25,10 +25,7 @@ HAVE_BACKPACK = importlib.util.find_spec("backpack") is not None
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("dpsub_bench_peers_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench")
 
 
 def _run(bench, tmp_path, *extra):
