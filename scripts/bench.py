@@ -25,7 +25,9 @@ Usage::
 ``--set KEY=VALUE`` sets ``mechanism.KEY`` for every mechanism declaring KEY, ``--set
 MECH.KEY=VALUE`` only for MECH; ``--variant MECH:KEY=VALUE,...`` adds one more row of
 MECH with those options (e.g. GEP at two subspace cadences in one interleaved run);
-``--override`` passes any Hydra override to every run.
+``MECH@BACKEND:...`` gives that row its own backend; ``--override`` passes any Hydra
+override to every run. ``--peers`` adds other frameworks' private steps (Opacus, the GEP
+authors' code, fastDP): :mod:`dpsub.bench.peers`, docs/speed.md.
 Mechanisms that need auxiliary data get ``aux=gaussian`` with ``--aux-size`` examples.
 
 Memory is measured on separate, untimed steps before the warmup (``--memory-steps``; the
@@ -68,6 +70,7 @@ try:
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(ROOT / "src"))
 
+from dpsub.bench import peers as peer_lib  # noqa: E402
 from dpsub.config import validate  # noqa: E402
 from dpsub.grads import BACKENDS  # noqa: E402
 
@@ -210,11 +213,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def one_step(run, idx) -> None:
+    """dpsub's own train_step, or a peer framework's full private step."""
+    if isinstance(run, peer_lib.PeerRun):
+        run.step()
+    else:
+        train_step(run, idx=idx)
+
+
 def timed_step(run, idx) -> float:
-    """Milliseconds of one train_step (nothing else runs: no heap trimming, no sampler)."""
+    """Milliseconds of one step (nothing else runs: no heap trimming, no sampler)."""
     sync(run.device)
     t0 = time.perf_counter()
-    train_step(run, idx=idx)
+    one_step(run, idx)
     sync(run.device)
     return (time.perf_counter() - t0) * 1e3
 
@@ -226,13 +237,13 @@ def memory_step(run, idx, args) -> float:
         sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        train_step(run, idx=idx)
+        one_step(run, idx)
         sync(device)
         return (torch.cuda.max_memory_allocated(device) - base) / MiB
     trim_heap()  # (costs the next step page faults: never done before a timed step)
     with RssSampler(args.rss_interval) as s:
         base = s.peak
-        train_step(run, idx=idx)
+        one_step(run, idx)
     return max(s.peak - base, 0) / MiB
 
 
@@ -284,6 +295,8 @@ def bench_model(model: str, pairs, args, overrides, used) -> list[dict]:
             rec["aux_size"] = args.aux_size
         runs.append(build(rec, run_overrides(model, mech, backend, options, args)))
         records.append(rec)
+    if args.peers:
+        add_peers(model, runs, records, args)
     # memory first: step 0 fits every subspace mechanism's first basis; then at least one
     # untimed step re-faults the trimmed heap before anything is timed
     mems = interleave(runs, records, args, args.memory_steps, lambda r, i: memory_step(r, i, args))
@@ -293,15 +306,115 @@ def bench_model(model: str, pairs, args, overrides, used) -> list[dict]:
     for i, rec in enumerate(records):
         if rec["status"] == "ok":
             ms = times[i]
+            q = statistics.quantiles(ms, n=4, method="inclusive") if len(ms) > 1 else [ms[0]] * 3
             rec.update(
                 median_ms=statistics.median(ms), mean_ms=statistics.fmean(ms), min_ms=min(ms),
-                max_ms=max(ms), step_ms=ms, peak_extra_mib=max(mems[i], default=None),
+                max_ms=max(ms), q1_ms=q[0], q3_ms=q[2], step_ms=ms,
+                peak_extra_mib=max(mems[i], default=None),
             )  # fmt: skip
             rec["time_ms"] = rec[f"{args.statistic}_ms"]
             log(f"  {rec['mechanism']} [{rec['backend']}]: {rec['time_ms']:.1f} ms/step")
     runs.clear()
     gc.collect()
-    return ratios(records)
+    records = ratios(records)
+    peer_ratios(records)
+    return records
+
+
+# ------------------------------------------------------------------- peers
+def peer_record(model: str, framework: str, mech: str, backend: str, args, **extra) -> dict:
+    rec = {
+        "model": model, "in_shape": list(in_shape_of(model)), "mechanism": mech,
+        "framework": framework, "backend": backend, "batch_size": args.batch_size,
+        "microbatch": args.batch_size, "steps": args.steps, "warmup": args.warmup,
+        "statistic": args.statistic, "noise_multiplier": 1.0, "options": {},
+        "status": "ok", "error": None, **extra,
+    }  # fmt: skip
+    return rec
+
+
+def gep_sizes(runs, records) -> dict[str, Any]:
+    """m, k, grouping of the first dpsub GEP row (else GEP's defaults), for the authors."""
+    for run, rec in zip(runs, records, strict=True):
+        if rec["mechanism"] == "gep" and run is not None and not isinstance(run, peer_lib.PeerRun):
+            m = run.cfg.mechanism
+            return dict(num_bases=int(m.num_bases), num_groups=int(m.num_groups),
+                        power_iters=int(m.power_iters), grouping=str(m.grouping),
+                        clip0=float(m.clip_embedding), clip1=float(m.clip_residual))  # fmt: skip
+    m = compose_cfg(["mechanism=gep"]).mechanism
+    return dict(num_bases=m.num_bases, num_groups=m.num_groups, power_iters=m.power_iters,
+                grouping=m.grouping, clip0=m.clip_embedding, clip1=m.clip_residual)  # fmt: skip
+
+
+def add_peers(model: str, runs: list, records: list[dict], args) -> None:
+    """Append the peer frameworks' rows (built from the non-private run's model and batch)."""
+    base = runs[0]
+    if base is None:
+        return
+    x = base.data.train_x[: args.batch_size].to(base.device)
+    y = base.data.train_y[: args.batch_size].to(base.device)
+    o = base.cfg.optim
+    s = peer_lib.PeerSettings(clip=1.0, noise_multiplier=1.0, lr=float(o.lr),
+                              momentum=float(o.get("momentum", 0.0)), seed=args.seed)  # fmt: skip
+
+    def add(rec: dict, make) -> None:
+        records.append(rec)
+        try:
+            t0 = time.perf_counter()
+            runs.append(make())
+            rec["setup_s"] = time.perf_counter() - t0
+        except peer_lib.PeerUnavailable as e:
+            rec.update(status="skipped", error=str(e))
+            runs.append(None)
+            log(f"  - {rec['framework']}: {e}")
+        except Exception as e:  # noqa: BLE001 -- report, keep benchmarking
+            rec.update(status="error", error=f"build: {type(e).__name__}: {e}")
+            runs.append(None)
+            log(traceback.format_exc())
+
+    for mode in args.opacus_modes:
+        rec = peer_record(model, "opacus", "dpsgd", mode, args)
+        add(rec, lambda mode=mode: peer_lib.opacus_peer(mode, base.model, x, y, s))
+    g = gep_sizes(runs, records)
+    rec = peer_record(model, "gep-authors", "gep", "backpack", args, aux_size=args.aux_size)
+    rec["options"] = {"num_bases": g["num_bases"], "num_groups": g["num_groups"],
+                      "power_iters": g["power_iters"]}  # fmt: skip
+    if args.gep_authors is None:
+        records.append({**rec, "status": "skipped",
+                        "error": "no checkout given: pass --gep-authors PATH (it is never copied "
+                                 "into this repository)"})  # fmt: skip
+        runs.append(None)
+    else:
+        aux = peer_lib.gaussian_aux(args.aux_size, in_shape_of(model), base.data.num_classes,
+                                    args.seed, base.device)  # fmt: skip
+        add(rec, lambda: peer_lib.gep_authors_peer(
+            args.gep_authors, base.model, x, y, *aux, g["num_bases"], g["num_groups"],
+            g["power_iters"], s, clip0=g["clip0"], clip1=g["clip1"]))  # fmt: skip
+    why = peer_lib.fastdp_status()
+    records.append({**peer_record(model, "fastdp", "dpsgd", "book-keeping", args),
+                    "status": "skipped" if why else "error", "error": why or "not wired"})  # fmt: skip
+    runs.append(None)
+
+
+def peer_ratios(records: list[dict]) -> None:
+    """Each peer's time over dpsub's fastest row of the same mechanism (``vs_dpsub``)."""
+    for r in records:
+        r.setdefault("framework", "dpsub")
+    for r in records:
+        r["vs_dpsub"] = r["vs_dpsub_row"] = None
+        if r["framework"] == "dpsub" or r["status"] != "ok":
+            continue
+        same = [d for d in records if d["framework"] == "dpsub" and d["status"] == "ok"
+                and d["mechanism"] == r["mechanism"]]  # fmt: skip
+        if same:
+            best = min(same, key=lambda d: d["time_ms"])
+            r["vs_dpsub"] = r["time_ms"] / best["time_ms"]
+            r["vs_dpsub_row"] = label(best)
+
+
+def label(r: dict) -> str:
+    opts = ", ".join(f"{k}={v}" for k, v in r["options"].items())
+    return f"{r['mechanism']} [{r['backend']}]" + (f" ({opts})" if opts else "")
 
 
 def ratios(records: list[dict]) -> list[dict]:
@@ -338,13 +451,23 @@ def plan(args) -> list[tuple[str, str, dict[str, Any]]]:
             rows.append((name, args.backend, {}))
     for text in args.variant:
         mech, options = parse_variant(text)
-        rows.append((mech, args.backend, options))
+        mech, _, backend = mech.partition("@")  # MECH@BACKEND: that row's backend
+        if backend and backend not in CHOICES:
+            raise SystemExit(f"--variant {text!r}: backend must be one of {', '.join(CHOICES)}")
+        rows.append((mech, backend or args.backend, options))
     return rows
 
 
 # --------------------------------------------------------------------- env
 def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "n/a"
 
 
 def environment(device: torch.device, argv: list[str], args) -> dict:
@@ -354,6 +477,7 @@ def environment(device: torch.device, argv: list[str], args) -> dict:
         "torch_threads": torch.get_num_threads(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(["python", *argv]), "git": git_commit(),
+        "loadavg_start": loadavg(),
         "timing": f"{args.statistic} over interleaved steps (round-robin over the runs)",
         "memory_method": (
             "torch.cuda.max_memory_allocated" if device.type == "cuda"
@@ -407,6 +531,102 @@ def markdown(records: list[dict], env: dict) -> str:
     return "\n".join(lines)
 
 
+PEER_NOTES = [
+    "The machine is shared (other jobs ran during this run): every row is timed in the same "
+    "interleaved rounds (round r times one step of every row in turn), so load drift hits all "
+    "frameworks alike and the ratios stay fair while the absolute ms/step may not be reproducible.",
+    "Every row is a full private step on the same model (same initial weights), the same batch, "
+    "clip 1.0, noise multiplier 1.0 and SGD (the run's lr and momentum): dpsub's `train_step` "
+    "(sampling aside), Opacus' `make_private` model, optimizer (and, in ghost mode, loss); "
+    "the GEP authors' `main.py` private branch with the residual added back (`--rgp`, the "
+    "paper's GEP), anchors on Gaussian auxiliary data of the same size m as dpsub's.",
+    "The GEP authors' code runs from the given checkout (`$GEP_AUTHORS`: github.com/dayu11/"
+    "Gradient-Embedding-Perturbation), never copied into this repository; on "
+    "the CPU two lines are patched in the loaded module only: `torch.tensor(clip).cuda()` -> a "
+    "tensor on the batch's device, and numpy's removed `np.int` -> `int`.",
+    "`vs dpsub best` = the peer's time over dpsub's fastest row of the same mechanism "
+    "(above 1: dpsub is faster).",
+]
+
+
+def _spread(r: dict) -> str:
+    return f"{r['min_ms']:.0f}-{r['max_ms']:.0f} (IQR {r['q1_ms']:.0f}-{r['q3_ms']:.0f})"
+
+
+def target_lines(rows: list[dict], model: str) -> list[str]:
+    """The issue's targets, read off this run's rows (met or missed, by how much)."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    mine = [r for r in ok if r["framework"] == "dpsub" and r["mechanism"] == "dpsgd"]
+    out = []
+    if mine:
+        best = min(mine, key=lambda r: r["time_ms"])
+        ratio = best["time_ratio"]
+        if ratio is not None and model != "mnist_cnn":
+            verdict = "met" if ratio <= 1.15 else f"missed by {ratio / 1.15 - 1:.0%}"
+            out.append(f"- DP-SGD, best backend ({best['backend']}): {ratio:.2f}x non-private "
+                       f"(target <= 1.15x: {verdict})")  # fmt: skip
+        opac = [r for r in ok if r["framework"] == "opacus"]
+        if opac:
+            fast = min(opac, key=lambda r: r["time_ms"])
+            ahead = best["time_ms"] <= fast["time_ms"]
+            out.append(f"- DP-SGD vs the fastest Opacus mode ({fast['backend']}): dpsub "
+                       f"{best['time_ms']:.0f} ms vs {fast['time_ms']:.0f} ms, "
+                       + ("not slower (met)" if ahead else
+                          f"slower by {best['time_ms'] / fast['time_ms'] - 1:.0%} (missed)"))  # fmt: skip
+    authors = next((r for r in ok if r["framework"] == "gep-authors"), None)
+    gep = [r for r in ok if r["framework"] == "dpsub" and r["mechanism"] == "gep"]
+    if authors and gep:
+        tracked = [r for r in gep if r["options"].get("warm_start")] or gep
+        t = min(tracked, key=lambda r: r["time_ms"])
+        x = authors["time_ms"] / t["time_ms"]
+        verdict = "met" if x >= 5 else f"missed: {x:.2f}x of 5x"
+        out.append(f"- GEP: the authors' step over dpsub's {label(t)}: {x:.2f}x faster "
+                   f"(target >= 5x: {verdict})")  # fmt: skip
+    return out
+
+
+def peers_markdown(records: list[dict], env: dict) -> str:
+    """One table per model: dpsub's rows and the peers', spread over rounds, targets."""
+    load = f"{env.get('loadavg_start', 'n/a')} at start, {env.get('loadavg_end', 'n/a')} at end"
+    lines = [
+        "# dpsub against its peers: full private steps, one interleaved run", "",
+        f"- machine: {env['device']} ({env['device_name']}), {env['cpu_count']} CPUs, torch "
+        f"threads {env['torch_threads']}; torch {env['torch']}, python {env['python']}",
+        f"- machine load (1/5/15-min loadavg): {load}",
+        f"- date: {env['date']}; git {env.get('git')}",
+        f"- command: `{env['command']}`",
+        f"- timing: {env['timing']}; memory: {env['memory_method']}", "",
+        *[f"- {n}" for n in [*PEER_NOTES, *env.get("notes", [])]], "",
+    ]  # fmt: skip
+    for model in dict.fromkeys(r["model"] for r in records):
+        rows = [r for r in records if r["model"] == model]
+        r0 = next((r for r in rows if "params" in r), rows[0])
+        lines += [
+            f"## {model} ({r0.get('params', 0):,} params), batch {r0['batch_size']}, "
+            f"{r0['statistic']} of {r0['steps']} interleaved rounds after {r0['warmup']} warm-up", "",
+            "| framework | mechanism | backend | options | ms/step | spread over rounds (min-max) "
+            "| vs non-private | vs dpsub best | peak extra MiB | memory vs non-private |",
+            "|---|---|---|---|---:|---|---:|---:|---:|---:|",
+        ]  # fmt: skip
+        for r in rows:
+            opts = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or "-"
+            if r.get("aux_size") and r["mechanism"] != "nonprivate":
+                opts += f", m={r['aux_size']}"
+            head = f"| {r['framework']} | {r['mechanism']} | {r['backend']} | {opts} "
+            if r["status"] != "ok":
+                what = "not timed" if r["status"] == "skipped" else "error"
+                err = str(r["error"]).replace("|", "\\|").replace("\n", " ")[:200]
+                lines.append(head + f"| {what}: {err} | | | | | |")
+                continue
+            lines.append(
+                head + f"| {r['time_ms']:.1f} | {_spread(r)} | {_fmt(r['time_ratio'], '.2f', 'x')} "
+                f"| {_fmt(r['vs_dpsub'], '.2f', 'x')} | {_fmt(r['peak_extra_mib'], '.0f')} "
+                f"| {_fmt(r['mem_ratio'], '.2f', 'x')} |"
+            )  # fmt: skip
+        lines += ["", "Targets (issue 25, CPU, batch 256):", "", *target_lines(rows, model), ""]
+    return "\n".join(lines)
+
+
 def write_json(path: Path, records: list[dict], append: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     old = []
@@ -455,9 +675,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="mechanism option for every mechanism declaring KEY (MECH.KEY=VALUE: MECH only)")  # fmt: skip
     p.add_argument("--variant", action="append", default=[], metavar="MECH:KEY=VALUE,...",
-                   help="one more row of MECH with these options (on top of --set)")  # fmt: skip
+                   help="one more row of MECH (MECH@BACKEND: with that backend) with these options (on top of --set)")  # fmt: skip
     p.add_argument("--override", action="append", default=[], metavar="HYDRA_OVERRIDE",
                    help="any Hydra override for every run, e.g. optim=adam")  # fmt: skip
+    p.add_argument("--peers", action="store_true",
+                   help="also time other frameworks' private steps: Opacus (--opacus-modes), the "
+                        "GEP authors' code (--gep-authors), fastDP (if installed)")  # fmt: skip
+    p.add_argument("--opacus-modes", nargs="*", default=list(peer_lib.OPACUS_MODES),
+                   choices=peer_lib.OPACUS_MODES, help="with --peers")  # fmt: skip
+    p.add_argument("--gep-authors", type=Path, default=None,
+                   help="with --peers: a checkout of the GEP authors' repository (needs BackPACK)")  # fmt: skip
+    p.add_argument("--note", action="append", default=[],
+                   help="with --peers: a line for the page's notes (what was left out and why)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--rss-interval", type=float, default=0.002, help="CPU RSS sampling period (s)")
@@ -482,11 +711,15 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cudnn.benchmark = True
     prog = sys.argv[0] if sys.argv[0].endswith("bench.py") else str(Path(__file__))
     env = environment(device, [os.path.relpath(prog), *argv], args)
+    if args.gep_authors:  # a path of this machine: the page names it by a placeholder
+        env["command"] = env["command"].replace(str(args.gep_authors), "$GEP_AUTHORS")
     overrides, used = parse_overrides(args.set), set()
     records = []
     for model in args.models:
         log(f"== {model}, batch {args.batch_size}")
         records += bench_model(model, plan(args), args, overrides, used)
+    env["loadavg_end"] = loadavg()
+    env["notes"] = list(args.note)
     for r in records:
         r["env"] = env
     unused = [
@@ -494,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if unused:
         log(f"warning: --set keys matched no mechanism option: {', '.join(unused)}")
-    text = markdown(records, env)
+    text = peers_markdown(records, env) if args.peers else markdown(records, env)
     print(text, flush=True)
     if args.out:
         write_json(args.out, records, args.append)

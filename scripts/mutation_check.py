@@ -115,6 +115,13 @@ MUTANTS = (
         ("tests/unit/test_ghost.py", "-k", "first_layer"),
     ),
     Mutant(
+        "ghost-row-buffer-shared-by-layers",
+        "src/dpsub/grads/ghost.py",
+        "        buf = self.buffers.get(key)\n",
+        "        buf = self.buffers.get(key := \"one\")\n",
+        ("tests/unit/test_ghost.py", "-k", "matches_reference_on_every_model"),
+    ),
+    Mutant(
         "clip-factor-on-the-first-parameter-only",
         "src/dpsub/grads/clip.py",
         "    total = torch.cat([c @ _rows(t) for t in parts])",

@@ -46,6 +46,7 @@ LAYERS = {
     "studies": 7,  # the studies' tables rendered from run folders
     "gpu": 9,  # the GPU kit (staging, smoke, bench, table cells): drives the CLI
     "pate": 9,  # PATE: teachers, aggregators, its own ledger and entry point
+    "bench": 9,  # benchmark helpers: other frameworks' steps (peers), cost-growth plots
 }
 
 

@@ -1,0 +1,1 @@
+"""Benchmark helpers: peers (other frameworks) and cost-growth plots."""
