@@ -392,7 +392,7 @@ def dry_run(args, table, jobs, tuned, picks) -> None:
     if args.time:
         say(f"# step times measured on {where} (load average {os.getloadavg()[0]:.1f})")
     else:
-        say(f"# step times: cached from an earlier --time on {where}, else recorded by finished "
+        say(f"# step times: measured (--time) on {where}, else recorded by finished "
             "runs of the same setting (steps_per_s); --time measures the missing ones")  # fmt: skip
     factor = 1 / args.gpu_speedup
     say(f"# GPU column: NO GPU MEASURED (none was lent to this project yet): an estimate = the "

@@ -42,12 +42,17 @@ CKPT, CKPT_TMP, SUMMARY = "checkpoint.pt", "checkpoint.tmp", "summary.json"
 TINY_OVERRIDES = {
     "all": [
         "dataset=synthetic", "dataset.synthetic.n_train=64", "dataset.synthetic.n_test=32",
-        "dataset.synthetic.channels=1", "dataset.synthetic.size=28", "model=mnist_cnn",
         "train.batch_size=16", "train.epochs=10", "grads.microbatch=16", "train.eval_every=0",
         "train.log_every=20", "device=cpu",
     ],
-    "gep": ["aux=gaussian", "aux.num_samples=16", "mechanism.num_bases=4"],
-    "bgep": ["aux=gaussian", "aux.num_samples=16", "mechanism.num_bases=4"],
+    "dpsgd": ["dataset.synthetic.channels=1", "dataset.synthetic.size=28", "model=mnist_cnn"],
+    "gep": ["dataset.synthetic.channels=1", "dataset.synthetic.size=28", "model=mnist_cnn",
+            "aux=gaussian", "aux.num_samples=16", "mechanism.num_bases=4"],
+    "bgep": ["dataset.synthetic.channels=1", "dataset.synthetic.size=28", "model=mnist_cnn",
+             "aux=gaussian", "aux.num_samples=16", "mechanism.num_bases=4"],
+    # the experiment's own WRN-10-1 (its train_size subset is dropped: synthetic data)
+    "rgp": ["dataset.synthetic.channels=3", "dataset.synthetic.size=32", "~dataset.train_size",
+            "mechanism.warmup_steps=2"],
 }  # fmt: skip
 
 
