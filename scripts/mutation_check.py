@@ -433,7 +433,7 @@ MUTANTS = (
         "src/dpsub/tables.py",
         'scores = [read_summary(j.dir).get("validation_accuracy", -math.inf) for j in jobs]',
         'scores = [read_summary(j.dir).get("test_accuracy", -math.inf) for j in jobs]',
-        ("tests/test_gpu_kit.py", "-k", "extends_its_edge"),
+        ("tests/integration/test_gpu_kit.py", "-k", "extends_its_edge"),
     ),
 )
 
