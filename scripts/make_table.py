@@ -236,7 +236,7 @@ def stats_note(table) -> str:
     )
 
 
-def tuning_lines(table, found, setting: str) -> list[str]:
+def tuning_lines(table, found, setting: str = "paper") -> list[str]:
     if not found["tune"]:
         return []
     t = table.tune_of(setting)
