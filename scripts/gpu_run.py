@@ -11,6 +11,7 @@ On the GPU machine (the checkout sent with ``.gpu`` carried)::
 
     python3 scripts/gpu_run.py --out $OUT                   # check, smoke, bench, cells
     python3 scripts/gpu_run.py --out $OUT --steps check cells   # later commands: more cells
+    python3 scripts/gpu_run.py --out $OUT --steps check cells --campaigns gep1-cifar10-cpu-long
 
 A missing set-up is one line on stderr and exit code 2; 1 when a step reported errors.
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # the GPU machine has no dpsub installed
 
-from dpsub.gpu import kit, stage  # noqa: E402
+from dpsub.gpu import cells, kit, stage  # noqa: E402
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -40,6 +41,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--gep-authors", type=Path, default=None, help="checkout of the GEP authors' code"
     )
     p.add_argument("--max-cells", type=int, default=None, help="cells of the queue to consider")
+    p.add_argument("--campaigns", nargs="+", default=None, choices=list(cells.CAMPAIGNS),
+                   help="the campaigns of the cells step, in this order (default: all, "
+                        f"{' '.join(cells.DEFAULT_ORDER)})")  # fmt: skip
     p.add_argument("--interrupt-cells", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     p.add_argument("--stage", action="store_true", help="fill .gpu/ from the shared folder")
@@ -72,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             out=out, steps=tuple(a.steps), budget_s=a.budget, tiny=a.tiny, root=a.root,
             data_root=a.data_root, work=a.work, gep_authors=a.gep_authors,
             max_cells=a.max_cells, interrupt_cells=a.interrupt_cells,
+            campaigns=tuple(a.campaigns) if a.campaigns else None,
         )  # fmt: skip
         return kit.run_kit(opts)
     except stage.StageError as e:

@@ -64,7 +64,8 @@ def die(msg: str) -> None:
 def collect(table: tables.Table, args) -> dict[str, dict[str, list[tables.Job]]]:
     """variant -> cell id -> finished jobs."""
     kw = dict(extra=args.extra)
-    tune_jobs = tables.plan_jobs(table, args.setting, args.runs, "tune", **kw) if table.tune else []
+    has_tune = table.tune_of(args.setting) is not None
+    tune_jobs = tables.plan_jobs(table, args.setting, args.runs, "tune", **kw) if has_tune else []
     picks = tables.pick_best(table, tune_jobs) if tune_jobs else {}
     by_variant = {
         "paper": tables.plan_jobs(table, args.setting, args.runs, "paper", **kw),
@@ -159,7 +160,7 @@ def col_axis(table: tables.Table) -> str | None:
     return table.layout.get("columns") or table.layout.get("x")
 
 
-BASELINE = "dpsgd"  # the papers compare every mechanism with GP (DP-SGD) in the same column
+BASELINE_AXIS, BASELINE = "mechanism", "dpsgd"  # the default baseline (a table's `baseline`)
 
 
 def cell_values(table, found, variant, cell) -> list[float]:
@@ -179,8 +180,9 @@ def cell_text(table, found, variant, cell) -> list[str]:
     )
     diff = "–" if paper is None or s.n == 0 else f"{s.mean - paper:+.2f}"
     vs = "–"
-    if cell.get("mechanism") not in (None, BASELINE) and s.n:
-        base = cell_values(table, found, variant, {**cell, "mechanism": BASELINE})
+    axis, ref = table.baseline
+    if cell.get(axis) not in (None, ref) and s.n:
+        base = cell_values(table, found, variant, {**cell, axis: ref})
         if base:
             vs = stats.compare(base, vals).text()
     return [s.text(), ptxt, diff, vs]
@@ -211,7 +213,7 @@ def markdown_table(table, found, setting: str) -> list[str]:
 
 
 def baseline_label(table) -> str:
-    return table.label("mechanism", BASELINE).split(" (")[0]  # "GP (DP-SGD)" -> "GP"
+    return table.label(*table.baseline).split(" (")[0]  # "GP (DP-SGD)" -> "GP"
 
 
 STATS_NOTE = (
@@ -223,15 +225,32 @@ STATS_NOTE = (
 )
 
 
-def tuning_lines(table, found) -> list[str]:
+def stats_note(table) -> str:
+    """The statistics note for a table whose baseline is not GP."""
+    axis, ref = table.baseline
+    return STATS_NOTE.split(" *vs GP*")[0] + (
+        f" *vs {baseline_label(table)}*: the difference of the means from the cells with "
+        f"{axis} = {ref} ({table.label(axis, ref)}), same variant, and a two-sided Welch "
+        f"t-test: `>`/`<` significant at {stats.ALPHA}, `{stats.TIE}` **not significant** "
+        "(a tie: the table does not order the two)."
+    )
+
+
+def tuning_lines(table, found, setting: str = "paper") -> list[str]:
     if not found["tune"]:
         return []
-    t = table.tune
+    t = table.tune_of(setting)
     n_runs = sum(len(v) for v in found["tune"].values())
     lines = [
         "## Tuning",
         "",
-        f"Grid, the same for every mechanism: lr in {t.lr} x the clip settings below; each point "
+        f"Grid, the same for every mechanism: lr in {t.lr} x the clip settings below"
+        + (
+            f", a best lr at an edge extended by x{t.step():g} (at most {t.extend} times a side)"
+            if t.extend
+            else ""
+        )
+        + "; each point "
         f"trained once (seed {t.seed}) on the private set minus {t.validation_size} held-out "
         "training examples and scored on those (the test set is not used). "
         f"**{n_runs} tuning runs**; their privacy cost is **not** included in the epsilons "
@@ -247,10 +266,10 @@ def tuning_lines(table, found) -> list[str]:
             acc = 100 * tables.read_summary(j.dir).get("validation_accuracy", math.nan)
             clip = " ".join(t.clip[j.cell["mechanism"]][ci])
             chosen = "**yes**" if pick and (pick["lr"], pick["clip"]) == (lr, ci) else ""
-            if chosen and lr in (min(t.lr), max(t.lr)):
+            if chosen and lr in (min(pick["lrs"]), max(pick["lrs"])):
                 chosen += " (lr at the grid's edge)"
             lines.append(f"| {cid} | {lr:g} | `{clip}` | {acc:.2f} | {chosen} |")
-    edge = [c for c, p in found["picks"].items() if p["lr"] in (min(t.lr), max(t.lr))]
+    edge = [c for c, p in found["picks"].items() if p["lr"] in (min(p["lrs"]), max(p["lrs"]))]
     if edge:
         lines += [
             "",
@@ -406,7 +425,7 @@ def header(table, args, found, rec: dict) -> list[str]:
         f"- hardware: {rec['hardware']}",
         f"- {n} runs, {hours:.2f} h of training wall-clock in total",
         "",
-        STATS_NOTE,
+        STATS_NOTE if table.baseline == (BASELINE_AXIS, BASELINE) else stats_note(table),
         "",
     ]
 
@@ -438,7 +457,7 @@ def render(table, args) -> Path:
     lines += [f"![{f.stem}]({f.name})" for f in figs] + [""]
     if proj:
         lines += ["Projection error: " + PROJECTION_NOTE, ""]
-    lines += tuning_lines(table, found)
+    lines += tuning_lines(table, found, args.setting)
     lines += [f"- {n}" for n in table.notes]
     (dest / "README.md").write_text("\n".join(lines).rstrip() + "\n")
     return dest

@@ -435,6 +435,13 @@ MUTANTS = (
         "return np.arange(public_size), np.arange(public_size - 1, n_test)",
         ("tests/unit/test_pate.py", "-k", "overlaps"),
     ),
+    Mutant(
+        "tune-extension-chosen-on-test-accuracy",
+        "src/dpsub/tables.py",
+        'scores = [read_summary(j.dir).get("validation_accuracy", -math.inf) for j in jobs]',
+        'scores = [read_summary(j.dir).get("test_accuracy", -math.inf) for j in jobs]',
+        ("tests/integration/test_gpu_kit.py", "-k", "extends_its_edge"),
+    ),
 )
 
 

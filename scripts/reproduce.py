@@ -27,8 +27,9 @@ seconds: step times come from an earlier ``--time`` on this machine (cached in
 recorded (under ``<out>`` and ``results/tables``). ``--dry-run --time`` measures the missing
 ones: a couple of steps of each distinct setting (dataset shape, model, mechanism, batch,
 anchors) with the trainer's own ``build_run``/``train_step`` on synthetic data of the same
-shape, and adds a GPU column: the CPU time scaled by this CPU's measured matmul throughput
-over ``--gpu-tflops`` (an assumption, not a measurement).
+shape (CPU time of one core). The GPU column is the CPU time divided by ``--gpu-speedup``
+(an assumption, not a measurement: no GPU has been lent to this project yet). Step times
+committed in ``results/tables/step_times.json`` fill in where this machine has none.
 
 A finished run anywhere under ``<out>`` or among the runs committed in ``results/``
 whose config equals a job's is reused (a symlink), so ``make table`` on a fresh clone
@@ -67,6 +68,7 @@ CKPT = runs.CHECKPOINT
 COMMITTED = (
     project_root() / "results"
 )  # the runs committed with the repository (reused, never re-run)
+COMMITTED_TIMES = COMMITTED / "tables" / "step_times.json"  # step times measured and committed
 
 
 def say(msg: str) -> None:
@@ -113,7 +115,9 @@ def plan(args, table: tables.Table) -> tuple[list[tables.Job], list[tables.Job],
             table, args.setting, args.out, "tuned",
             picks={c: p["overrides"] for c, p in picks.items()}, **kw,
         )  # fmt: skip
-    keep = lambda j: all(str({**j.cell, "seed": j.seed}.get(k)) == v for k, v in args.only)  # noqa: E731
+    keep = lambda j: all(  # noqa: E731
+        str({**j.cell, "seed": j.seed}.get(k)) in v.split(",") for k, v in args.only
+    )
     return [j for j in jobs if keep(j)], [j for j in tuned if keep(j)], picks
 
 
@@ -192,8 +196,12 @@ def timing_key(cfg: DictConfig) -> str:
 
 
 def time_step(cfg: DictConfig, steps: int, warmup: int) -> float:
-    """Median seconds of the trainer's step for ``cfg``'s setting, on synthetic data of the
-    same shape (a fixed full batch of B examples; noise multiplier fixed, no calibration)."""
+    """Seconds of the trainer's step for ``cfg``'s setting, on synthetic data of the same
+    shape (a fixed full batch of B examples; noise multiplier fixed, no calibration): the
+    median over ``steps`` steps, or, for a subspace refitted every s > 1 steps, the mean over
+    max(steps, s) steps (one refit amortized). On a CPU, the process's CPU time (a step's
+    cost on an idle core, whatever else the machine runs); on a GPU, the synchronized wall
+    time."""
     import torch
 
     from dpsub.training.run import build_run, train_step
@@ -211,15 +219,17 @@ def time_step(cfg: DictConfig, steps: int, warmup: int) -> float:
         cfg.train.epochs, cfg.train.max_steps = 100000, None
     run = build_run(cfg)
     idx = torch.arange(b, device=run.device)
+    every = int(cfg.mechanism.get("subspace_every") or 1)
+    clock = time.perf_counter if run.device.type == "cuda" else time.process_time
     times = []
-    for i in range(warmup + steps):
-        t0 = time.perf_counter()
+    for i in range(warmup + max(steps, every)):
+        t0 = clock()
         train_step(run, idx=idx)
         if run.device.type == "cuda":
             torch.cuda.synchronize(run.device)
         if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+            times.append(clock() - t0)
+    return statistics.fmean(times) if every > 1 else statistics.median(times)
 
 
 def machine() -> str:
@@ -229,18 +239,6 @@ def machine() -> str:
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)}"
     return f"{runs.cpu_name()} x{torch.get_num_threads()} threads"
-
-
-def matmul_gflops() -> float:
-    """This machine's measured fp32 matmul throughput (GFLOP/s), for the GPU estimate."""
-    import torch
-
-    a = torch.randn(1024, 1024)
-    a @ a
-    t0, n = time.perf_counter(), 5
-    for _ in range(n):
-        a @ a
-    return 2 * 1024**3 * n / (time.perf_counter() - t0) / 1e9
 
 
 def train_size(cfg: DictConfig, cache: dict) -> int | str:
@@ -284,23 +282,42 @@ def recorded_step_times(roots: list[Path], cfgs: dict[Path, DictConfig]) -> dict
     return {k: statistics.median(v) for k, v in seen.items()}
 
 
-def estimate(jobs, cfgs, args) -> list[dict]:
-    """Steps and estimated seconds of every job. Step times: cached from an earlier --time
-    (``<out>/.step_times.json``, this machine), else recorded by finished runs of the same
-    setting; measured only with --time."""
-    from dpsub.training.run import plan_steps
-
+def load_step_times(args) -> tuple[dict, dict, str]:
+    """(cache, step times by timing key, the machine they are for). The cache is
+    ``<out>/.step_times.json`` (machine -> timing key -> s); where it lacks a key, the times
+    committed in ``results/tables/step_times.json`` fill in (this machine's, else the first
+    machine's, which the output then names)."""
     cache_path = Path(args.out) / ".step_times.json"
     cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     here = machine()
-    times, sizes, rows = cache.setdefault(here, {}), {}, []
+    times, where = cache.setdefault(here, {}), here
+    if COMMITTED_TIMES.is_file() and not args.time:
+        committed = json.loads(COMMITTED_TIMES.read_text())
+        name = here if here in committed else next(iter(committed), None)
+        if name and not times:
+            where = f"{name} (committed: results/tables/step_times.json)"
+        if name:
+            times = {**committed[name], **times}
+    return cache, times, where
+
+
+def estimate(jobs, cfgs, args) -> tuple[list[dict], str]:
+    """Steps and estimated seconds of every job, and the machine the step times are for.
+    Step times: cached from an earlier --time (``<out>/.step_times.json``, this machine),
+    else committed (``results/tables/step_times.json``), else recorded by finished runs of
+    the same setting; measured only with --time."""
+    from dpsub.training.run import plan_steps
+
+    cache_path = Path(args.out) / ".step_times.json"
+    cache, times, where = load_step_times(args)
+    sizes, rows = {}, []
     recorded = recorded_step_times([args.out, COMMITTED], cfgs)
     for job in jobs:
         cfg = cfgs[job.dir]
         key = timing_key(cfg)
         if key not in times and args.time:
             say(f"  timing {job.variant}/{job.name} ({args.timing_steps} steps) ...")
-            times[key] = time_step(cfg, args.timing_steps, 1)
+            times[key] = cache[machine()][key] = time_step(cfg, args.timing_steps, 1)
             cache_path.parent.mkdir(parents=True, exist_ok=True)
             cache_path.write_text(json.dumps(cache, indent=1))
         step_s = times.get(key, recorded.get(key, math.nan))
@@ -311,7 +328,7 @@ def estimate(jobs, cfgs, args) -> list[dict]:
             why = "no step time cached or recorded for this setting (--time measures it)"
         sec = steps * step_s if steps else math.nan
         rows.append({"job": job, "steps": steps, "step_s": step_s, "sec": sec, "n": n, "why": why})
-    return rows
+    return rows, where
 
 
 # --------------------------------------------------------------- output
@@ -322,13 +339,9 @@ def hms(sec: float) -> str:
     return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
 
 
-def print_grid(rows, states, gpu_factor: float | None) -> None:
-    gpu = gpu_factor is not None
-    say(
-        "| variant | job | status | N | steps | s/step | est. CPU |"
-        + (" est. GPU |" if gpu else "")
-    )
-    say("|---|---|---|---:|---:|---:|---:|" + ("---:|" if gpu else ""))
+def print_grid(rows, states, gpu_factor: float) -> None:
+    say("| variant | job | status | N | steps | s/step | est. CPU | est. GPU |")
+    say("|---|---|---|---:|---:|---:|---:|---:|")
     todo_s, reasons = 0.0, {}
     for r in rows:
         j, st = r["job"], states[r["job"].dir]
@@ -341,8 +354,7 @@ def print_grid(rows, states, gpu_factor: float | None) -> None:
         n = r["n"] if isinstance(r["n"], int) else "?"
         say(
             f"| {j.variant} | {j.name} | {st.split(':')[0]} | {n} | {r['steps'] or '?'} "
-            f"| {step} | {hms(r['sec'])}{note} |"
-            + (f" {hms(r['sec'] * gpu_factor)} |" if gpu else "")
+            f"| {step} | {hms(r['sec'])}{note} |" + f" {hms(r['sec'] * gpu_factor)} |"
         )
     for why, i in reasons.items():
         say(f"[{i}] {why}")
@@ -350,9 +362,9 @@ def print_grid(rows, states, gpu_factor: float | None) -> None:
     unknown = sum(not math.isfinite(r["sec"]) for r in rows)
     say(
         f"\n{len(rows)} jobs; all: {hms(total)} CPU"
-        + (f" ({hms(total * gpu_factor)} GPU, estimate)" if gpu else "")
+        + f" ({hms(total * gpu_factor)} GPU, estimate)"
         + f"; still to run: {hms(todo_s)} CPU"
-        + (f" ({hms(todo_s * gpu_factor)} GPU, estimate)" if gpu else "")
+        + f" ({hms(todo_s * gpu_factor)} GPU, estimate)"
         + (f"; {unknown} jobs of unknown cost not counted" if unknown else "")
     )
 
@@ -376,19 +388,16 @@ def dry_run(args, table, jobs, tuned, picks) -> None:
     say(f"# runs go to {tables.setting_dir(args.out, table, args.setting, args.extra)}/<variant>/<job>; "
         f"render with: python scripts/make_table.py {table.name} --setting {args.setting} "
         f"{' '.join(args.extra)}".rstrip())  # fmt: skip
-    rows = estimate(all_jobs, cfgs, args)
-    factor = None
+    rows, where = estimate(all_jobs, cfgs, args)
     if args.time:
-        gflops = matmul_gflops()
-        factor = gflops / (args.gpu_tflops * 1e3)
-        say(
-            f"# step times measured on {machine()} (load average {os.getloadavg()[0]:.1f}); GPU "
-            f"column = CPU x {gflops:.0f} GFLOP/s (this CPU's fp32 matmul) / {args.gpu_tflops:g} "
-            "TFLOP/s (assumed GPU): an estimate, not a measurement"
-        )
+        say(f"# step times measured on {where} (load average {os.getloadavg()[0]:.1f})")
     else:
-        say("# step times: cached from an earlier --time on this machine, else those recorded by "
-            "finished runs of the same setting (steps_per_s); --time measures the missing ones")  # fmt: skip
+        say(f"# step times: measured (--time) on {where}, else recorded by finished "
+            "runs of the same setting (steps_per_s); --time measures the missing ones")  # fmt: skip
+    factor = 1 / args.gpu_speedup
+    say(f"# GPU column: NO GPU MEASURED (none was lent to this project yet): an estimate = the "
+        f"one-core CPU time / {args.gpu_speedup:g} (--gpu-speedup, an assumption: docs/gpu.md "
+        "expects ~0.1 s per ResNet20 step at batch 1000 on an H100, ~30x one core here)")  # fmt: skip
     say("")
     print_grid(rows, states, factor)
 
@@ -473,13 +482,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="with --tune: only the tuning grid and the tuned picks (not the runs at "
                         "the paper's hyper-parameters)")  # fmt: skip
     p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
-                   help="only the cells with this axis (or seed) value (repeatable)")  # fmt: skip
+                   help="only the cells with this axis (or seed) value, or one of the values "
+                        "A,B,... (repeatable: all must hold)")  # fmt: skip
     p.add_argument("--time", action="store_true",
                    help="with --dry-run: time the step of every setting without a cached time "
                         "(minutes); otherwise cached or recorded step times only (seconds)")  # fmt: skip
     p.add_argument("--timing-steps", type=int, default=2, help="timed steps per setting")
-    p.add_argument("--gpu-tflops", type=float, default=15.0,
-                   help="assumed GPU fp32 throughput for the GPU estimate")  # fmt: skip
+    p.add_argument("--gpu-speedup", type=float, default=30.0,
+                   help="assumed speed of a GPU over one core of the CPU the step times are "
+                        "for, for the GPU estimate (default 30)")  # fmt: skip
     args = p.parse_intermixed_args(argv)
     args.only = [tuple(o.split("=", 1)) for o in args.only]
     if any(len(o) != 2 for o in args.only):

@@ -51,7 +51,7 @@ __all__ = [
 VARIANTS = ("paper", "tune", "tuned")
 TOP_KEYS = {
     "title", "source", "metric", "kind", "layout", "experiment", "axes", "seeds", "labels",
-    "overrides", "paper", "settings", "tune", "notes",
+    "overrides", "paper", "settings", "tune", "notes", "baseline",
 }  # fmt: skip
 
 
@@ -74,6 +74,7 @@ class Setting:
     axes: dict[str, list] = field(default_factory=dict)  # restriction of the table's axes
     seeds: list[int] | None = None
     axis_overrides: dict[str, Any] = field(default_factory=dict)  # replace the table's entries
+    tune: Tune | None = None  # the setting's own tuning grid (default: the table's)
 
 
 @dataclass
@@ -84,13 +85,22 @@ class Tune:
     seed: int
     lr: list[float]
     clip: dict[str, list[list[str]]]  # mechanism -> clip settings (each a list of overrides)
+    extend: int = (
+        0  # a best lr at the grid's edge adds the next lr beyond it, up to this many times a side
+    )
 
-    def points(self, mechanism: str) -> list[tuple[float, int]]:
-        """(lr, clip index) of every grid point of ``mechanism``."""
+    def points(self, mechanism: str, lrs: list[float] | None = None) -> list[tuple[float, int]]:
+        """(lr, clip index) of every grid point of ``mechanism`` (over ``lrs``: the grid's
+        learning rates, extended for a cell)."""
         clips = self.clip.get(mechanism)
         if not clips:
             raise ConfigError(f"tune.clip: no clip settings for mechanism {mechanism!r}")
-        return [(lr, i) for lr in self.lr for i in range(len(clips))]
+        return [(lr, i) for lr in (lrs or self.lr) for i in range(len(clips))]
+
+    def step(self) -> float:
+        """The ratio between the grid's neighbouring learning rates (the extension's step)."""
+        lrs = sorted(self.lr)
+        return lrs[1] / lrs[0] if len(lrs) > 1 and lrs[0] > 0 else 10.0
 
 
 @dataclass
@@ -110,6 +120,7 @@ class Table:
     settings: dict[str, Setting]
     tune: Tune | None
     notes: list[str]
+    baseline: tuple[str, Any] = ("mechanism", "dpsgd")  # (axis, value) every cell is tested against
 
     # --------------------------------------------------------------- cells
     def setting(self, name: str) -> Setting:
@@ -138,6 +149,10 @@ class Table:
                 return entry
         return None
 
+    def tune_of(self, setting: str) -> Tune | None:
+        """The tuning grid of ``setting``: its own, else the table's."""
+        return self.setting(setting).tune or self.tune
+
     def label(self, axis: str, value: Any) -> str:
         return str(self.labels.get(axis, {}).get(value, value))
 
@@ -157,10 +172,17 @@ class Table:
 
 def _select(entry: Any, cell: dict) -> list[str]:
     """Templates of an override entry for ``cell``, formatted with its values (a mapping
-    ``{all: [...], <mechanism>: [...]}`` gives ``all`` and the cell's mechanism's)."""
+    ``{all: [...], <mechanism>: [...]}`` gives ``all`` and the cell's mechanism's). Braces
+    that are not an axis are doubled (``aux.path=$${{data.root}}/x.npz``)."""
     if isinstance(entry, dict):
         entry = [*entry.get("all", []), *entry.get(cell["mechanism"], [])]
-    return [str(t).format(**cell) for t in entry]
+    try:
+        return [str(t).format(**cell) for t in entry]
+    except (KeyError, IndexError, ValueError) as e:
+        raise ConfigError(
+            f"override templates {entry}: {e!r} is not an axis (write a literal brace twice: "
+            "'${{data.root}}')"
+        ) from None
 
 
 def load_table(name: str | Path) -> Table:
@@ -217,7 +239,7 @@ def _parse(path: Path, raw: dict) -> Table:
         if bad:
             raise ConfigError(f"{path}: settings.{sname}.axes: {sorted(bad)[0]} is not an axis")
         _check_by_mechanism(path, f"settings.{sname}.overrides", s.get("overrides", []), axes)
-        bad = set(s) - {"note", "overrides", "axes", "seeds", "axis_overrides"}
+        bad = set(s) - {"note", "overrides", "axes", "seeds", "axis_overrides", "tune"}
         if bad:
             raise ConfigError(f"{path}: settings.{sname}.{sorted(bad)[0]}: unknown key")
         settings[sname] = Setting(
@@ -227,12 +249,9 @@ def _parse(path: Path, raw: dict) -> Table:
             s.get("axes", {}),
             s.get("seeds"),
             s.get("axis_overrides", {}),
+            _parse_tune(path, f"settings.{sname}.tune", s.get("tune")),
         )
-    tune = raw.get("tune")
-    if tune is not None:
-        tune = Tune(
-            int(tune["validation_size"]), int(tune.get("seed", 0)), tune["lr"], tune["clip"]
-        )
+    tune = _parse_tune(path, "tune", raw.get("tune"))
     paper = _need(path, raw, "paper", list)
     for i, entry in enumerate(paper):
         if set(axes) - set(entry) or "value" not in entry:
@@ -243,8 +262,33 @@ def _parse(path: Path, raw: dict) -> Table:
         experiment=_need(path, raw, "experiment", str), axes=axes,
         seeds=list(raw.get("seeds", [0])), labels=raw.get("labels") or {},
         overrides=raw.get("overrides") or {}, paper=paper, settings=settings, tune=tune,
-        notes=list(raw.get("notes") or []),
+        notes=list(raw.get("notes") or []), baseline=_baseline(path, raw, axes),
     )  # fmt: skip
+
+
+def _baseline(path: Path, raw: dict, axes: dict) -> tuple[str, Any]:
+    """``baseline: {axis: value}``: the cells every other cell is compared with (default GP)."""
+    b = raw.get("baseline") or {"mechanism": "dpsgd"}
+    if not isinstance(b, dict) or len(b) != 1:
+        raise ConfigError(f"{path}: baseline: one axis -> value, e.g. {{mechanism: dpsgd}}")
+    ((axis, value),) = b.items()
+    if axis not in axes or ("baseline" in raw and value not in axes[axis]):
+        raise ConfigError(f"{path}: baseline: {axis}={value} is not a value of the table's axes")
+    return axis, value
+
+
+def _parse_tune(path: Path, key: str, raw: dict | None) -> Tune | None:
+    if raw is None:
+        return None
+    bad = set(raw) - {"validation_size", "seed", "lr", "clip", "extend"}
+    if bad or not {"validation_size", "lr", "clip"} <= set(raw):
+        what = sorted(bad)[0] if bad else "validation_size, lr and clip"
+        raise ConfigError(f"{path}: {key}: {what} (known: validation_size, seed, lr, clip, extend)")
+    lr = [float(x) for x in raw["lr"]]
+    if not lr or min(lr) <= 0:
+        raise ConfigError(f"{path}: {key}.lr: a list of positive learning rates")
+    return Tune(int(raw["validation_size"]), int(raw.get("seed", 0)), lr, raw["clip"],
+                int(raw.get("extend", 0)))  # fmt: skip
 
 
 # ------------------------------------------------------------------- jobs
@@ -315,13 +359,8 @@ def plan_jobs(
         cov = table.overrides_of(cell, setting)
         cid = cell_id(cell)
         if variant == "tune":
-            tune = _tune_of(table)
-            for lr, ci in tune.points(cell["mechanism"]):
-                ov = [*cov, *tune_overrides(tune, cell["mechanism"], lr, ci), f"seed={tune.seed}"]
-                d = base / f"{cid},lr={lr},clip={ci}"
-                jobs.append(
-                    Job(table.name, setting, variant, cell, tune.seed, ov + tail, d, (lr, ci))
-                )
+            tune = _tune_of(table, setting)
+            jobs += _tune_jobs(table, setting, tune, cell, base, cov, tail)
             continue
         pick = []
         if variant == "tuned":
@@ -344,10 +383,34 @@ def plan_jobs(
     return jobs
 
 
-def _tune_of(table: Table) -> Tune:
-    if table.tune is None:
+def _tune_of(table: Table, setting: str = "paper") -> Tune:
+    tune = table.tune_of(setting)
+    if tune is None:
         raise ConfigError(f"table {table.name}: no tune section (cannot --tune)")
-    return table.tune
+    return tune
+
+
+def _tune_jobs(table, setting, tune: Tune, cell, base: Path, cov, tail) -> list[Job]:
+    """A cell's tuning jobs over its lr grid, extended while the best lr (by validation
+    accuracy, once every point ran) is at an edge, at most ``tune.extend`` times a side."""
+    cid, mech = cell_id(cell), cell["mechanism"]
+    lrs, grown = sorted(tune.lr), {"low": 0, "high": 0}
+    while True:
+        jobs = []
+        for lr, ci in tune.points(mech, lrs):
+            ov = [*cov, *tune_overrides(tune, mech, lr, ci), f"seed={tune.seed}"]
+            d = base / f"{cid},lr={lr},clip={ci}"
+            jobs.append(Job(table.name, setting, "tune", cell, tune.seed, ov + tail, d, (lr, ci)))
+        if not tune.extend or not all(j.finished for j in jobs):
+            return jobs
+        scores = [read_summary(j.dir).get("validation_accuracy", -math.inf) for j in jobs]
+        best = jobs[max(range(len(jobs)), key=lambda i: (scores[i], -i))].point[0]
+        side = "low" if best == lrs[0] else "high" if best == lrs[-1] else None
+        if side is None or grown[side] >= tune.extend:
+            return jobs
+        grown[side] += 1
+        new = lrs[0] / tune.step() if side == "low" else lrs[-1] * tune.step()
+        lrs = sorted([*lrs, float(f"{new:.6g}")])
 
 
 def tune_overrides(tune: Tune, mechanism: str, lr: float, clip: int, validation: bool = True):
@@ -374,6 +437,7 @@ def pick_best(table: Table, jobs: list[Job]) -> dict[str, dict]:
     for cid, cjobs in by_cell.items():
         if not all(j.finished for j in cjobs):
             continue
+        tune = _tune_of(table, cjobs[0].setting)
         scores = [read_summary(j.dir).get("validation_accuracy", -math.inf) for j in cjobs]
         best = max(range(len(cjobs)), key=lambda i: (scores[i], -i))
         lr, ci = cjobs[best].point
@@ -381,7 +445,8 @@ def pick_best(table: Table, jobs: list[Job]) -> dict[str, dict]:
         picks[cid] = {
             "lr": lr,
             "clip": ci,
-            "overrides": tune_overrides(table.tune, mech, lr, ci, validation=False),
+            "overrides": tune_overrides(tune, mech, lr, ci, validation=False),
+            "lrs": sorted({j.point[0] for j in cjobs}),
             "validation_accuracy": scores[best],
             "grid": {j.name: s for j, s in zip(cjobs, scores, strict=True)},
         }

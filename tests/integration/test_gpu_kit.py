@@ -25,6 +25,7 @@ from conftest import REPO
 
 SCRIPT = REPO / "scripts" / "gpu_run.py"
 SHARED = REPO.parent / "shared"
+PAPER = ("gep1-cifar10-paper",)  # the campaign of GEP Table 1 CIFAR-10, paper setting
 
 
 def gpu_run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -61,7 +62,7 @@ def test_tiny_kit_runs_every_step_and_continues_a_cell(tmp_path, monkeypatch):
     for d in (here, dev1, dev2):
         d.mkdir()
     out1 = tmp_path / "out1"
-    assert tiny(out1, dev1, tmp_path / "w1", interrupt_cells=True) == 0
+    assert tiny(out1, dev1, tmp_path / "w1", interrupt_cells=True, campaigns=PAPER) == 0
     check_out_limits(out1)
     record = json.loads((out1 / "gpu_run.json").read_text())
     assert [record["steps"][s]["status"] for s in kit.STEPS] == ["ok"] * 4, record
@@ -80,7 +81,7 @@ def test_tiny_kit_runs_every_step_and_continues_a_cell(tmp_path, monkeypatch):
 
     shutil.copytree(here / ".gpu", dev2 / ".gpu")  # what travels with the next command
     out2 = tmp_path / "out2"
-    assert tiny(out2, dev2, tmp_path / "w2", steps=("check", "cells")) == 0
+    assert tiny(out2, dev2, tmp_path / "w2", steps=("check", "cells"), campaigns=PAPER) == 0
     ran = json.loads((out2 / "gpu_run.json").read_text())["steps"]["cells"]["ran"]
     assert ran == [{"cell": cell_dir.name, "status": "finished", "restored": True}]
     harvest(out2, here)
@@ -164,7 +165,7 @@ def test_stage_says_when_shared_is_missing(tmp_path):
 
 
 def test_queue_priority_seed0_eps8_gp_first(tmp_path):
-    jobs = cells.queue(tmp_path)
+    jobs = cells.queue(tmp_path, campaigns=PAPER)
     head = [(j.seed, j.cell["epsilon"], j.cell["mechanism"]) for j in jobs[:4]]
     assert head == [(0, 8, "dpsgd"), (0, 8, "gep"), (0, 8, "bgep"), (0, 2, "dpsgd")]
     assert [j.seed for j in jobs] == sorted(j.seed for j in jobs) and len(jobs) == 27
@@ -197,3 +198,46 @@ def test_seeded_streams_change_device_only_from_a_clean_checkpoint():
     restore_rng(gens, foreign, clean=True, reseed="0:6")
     assert not torch.equal(a, torch.randn(3, generator=gens["noise"]))  # fresh per step
     assert restore_rng(gens, state) is False  # same device: the exact streams
+
+
+def test_queue_runs_the_campaigns_in_order_short_ones_first(tmp_path):
+    jobs = cells.queue(tmp_path)
+    order = list(dict.fromkeys((j.table, j.setting) for j in jobs))
+    assert order == [("gep5-aux", "reduced"), ("gep6-anchors", "reduced"),
+                     ("rgp-head-cifar10", "reduced"), ("gep1-cifar10", "cpu-long"),
+                     ("gep1-cifar10", "paper")]  # fmt: skip
+    long = [j for j in jobs if j.setting == "cpu-long"]
+    assert {j.variant for j in long} == {"tune"} and len(long) == 36  # picks: after tuning
+    assert {j.cell["epsilon"] for j in long} == {2, 8}
+    assert all(str(j.dir).startswith(str(tmp_path / "results" / "tables")) for j in jobs)
+    with pytest.raises(ValueError, match="unknown campaign"):
+        cells.queue(tmp_path, campaigns=("nope",))
+
+
+def finish(job, validation: float) -> None:
+    job.dir.mkdir(parents=True, exist_ok=True)
+    (job.dir / "summary.json").write_text(json.dumps({"validation_accuracy": validation}))
+
+
+def test_a_tuned_campaign_extends_its_edge_then_queues_its_picks(tmp_path):
+    """The RGP head study: a grid whose best lr is at its edge grows by one lr (x2) for that
+    cell; once interior, the pick runs at every seed, with the picked lr on the test set."""
+
+    def grid():
+        return [j for j in cells.queue(tmp_path, campaigns=("rgp-head",)) if j.variant == "tune"]
+
+    assert [j.point[0] for j in grid()] == [0.5, 1.0, 2.0] * 2
+    for j in grid():
+        finish(j, {0.5: 0.3, 1.0: 0.4, 2.0: 0.5}[j.point[0]])  # best at the top edge
+    assert sorted({j.point[0] for j in grid()}) == [0.5, 1.0, 2.0, 4.0]
+    jobs = cells.queue(tmp_path, campaigns=("rgp-head",))
+    assert not [j for j in jobs if j.variant == "tuned"]  # the extension runs first
+    for j in grid():
+        if not j.finished:
+            finish(j, 0.45)  # 4.0 is worse than 2.0: 2.0 is now interior
+    jobs = cells.queue(tmp_path, campaigns=("rgp-head",))
+    tuned = [j for j in jobs if j.variant == "tuned"]
+    assert [(j.cell["head"], j.seed) for j in tuned] == [
+        (h, s) for s in (0, 1, 2) for h in ("reparam", "full")]  # fmt: skip
+    assert all("optim.lr=2.0" in j.overrides for j in tuned)
+    assert not any("validation_size" in o for j in tuned for o in j.overrides)

@@ -130,7 +130,7 @@ def generated(readme: Path) -> frozenset[str]:
         args = SimpleNamespace(setting=setting, extra=extra, runs=ROOT / rel[0] / rel[1])
         found = make_table.collect(table, args)
         lines = make_table.markdown_table(table, found, setting) + make_table.tuning_lines(
-            table, found
+            table, found, setting
         )
         return frozenset(lines)
     if rel[0] == "results" and len(rel) == 3 and rel[1] in studies.STUDIES:

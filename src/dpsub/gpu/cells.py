@@ -1,16 +1,22 @@
-"""Table cells on a GPU machine: a priority queue, run across commands and machines.
+"""Table cells on a GPU machine: a priority queue of campaigns, run across commands and machines.
 
-The queue is GEP Table 1's CIFAR-10 row (``conf/paper/gep1-cifar10.yaml``) in the paper
-setting: seed 0 of every cell first; within a seed epsilon 8, then 2, then 5; within an
-epsilon GP (DP-SGD), then GEP, then B-GEP. Each cell is an ordinary table job
-(:func:`dpsub.tables.plan_jobs`: its run dir is where ``scripts/reproduce.py`` puts it,
-``results/tables/gep1-cifar10/paper/paper/<cell>,seed=<s>``), trained by ``python -m
-dpsub.train`` in a child process that checkpoints every ``checkpoint_every`` steps. The
-runner packs the cells it touched into ``$OUT/cells.tar`` after every new checkpoint, and
-sends SIGTERM before its deadline (the trainer finishes the step, checkpoints and exits), so
-a cell continues exactly where it stopped: ``--harvest`` puts unfinished cells (with their
-checkpoint) into ``.gpu/cells/``, which travels with the next command, and finished ones
-(without it) into ``results/tables/``.
+A campaign is a paper table in one setting (``conf/paper/<table>.yaml``), optionally tuned:
+its tuning grid first (extended at its edges as the table says), then the picks at every
+seed. The queue (:data:`CAMPAIGNS`, in :data:`DEFAULT_ORDER`): GEP Tables 5 and 6 in their
+``reduced`` setting, the RGP head study of issue 27 (``rgp-head-cifar10``, tuned), GEP
+Table 1's CIFAR-10 row in its ``cpu-long`` setting (tuned), then in the paper setting.
+Within a table: seed 0 of every cell first; within a seed epsilon 8, then 2, then 5; within
+an epsilon GP (DP-SGD), then GEP, then B-GEP. The queue is planned again after every cell,
+so a finished tuning grid brings its extension or its picks into the same command.
+
+Each cell is an ordinary table job (:func:`dpsub.tables.plan_jobs`: its run dir is where
+``scripts/reproduce.py`` puts it, ``results/tables/<table>/<setting>/<variant>/<cell>``),
+trained by ``python -m dpsub.train`` in a child process that checkpoints every
+``checkpoint_every`` steps. The runner packs the cells it touched into ``$OUT/cells.tar``
+after every new checkpoint, and sends SIGTERM before its deadline (the trainer finishes the
+step, checkpoints and exits), so a cell continues exactly where it stopped: ``--harvest``
+puts unfinished cells (with their checkpoint) into ``.gpu/cells/``, which travels with the
+next command, and finished ones (without it) into ``results/tables/``.
 """
 
 from __future__ import annotations
@@ -28,7 +34,6 @@ from pathlib import Path
 
 from dpsub.gpu.stage import GPU_DIR
 
-TABLE = "gep1-cifar10"
 EPSILON_ORDER = (8, 2, 5)
 MECHANISM_ORDER = ("dpsgd", "gep", "bgep")
 CKPT, CKPT_TMP, SUMMARY = "checkpoint.pt", "checkpoint.tmp", "summary.json"
@@ -37,36 +42,87 @@ CKPT, CKPT_TMP, SUMMARY = "checkpoint.pt", "checkpoint.tmp", "summary.json"
 TINY_OVERRIDES = {
     "all": [
         "dataset=synthetic", "dataset.synthetic.n_train=64", "dataset.synthetic.n_test=32",
-        "dataset.synthetic.channels=1", "dataset.synthetic.size=28", "model=mnist_cnn",
         "train.batch_size=16", "train.epochs=10", "grads.microbatch=16", "train.eval_every=0",
         "train.log_every=20", "device=cpu",
     ],
-    "gep": ["aux=gaussian", "aux.num_samples=16", "mechanism.num_bases=4"],
-    "bgep": ["aux=gaussian", "aux.num_samples=16", "mechanism.num_bases=4"],
+    "dpsgd": ["dataset.synthetic.channels=1", "dataset.synthetic.size=28", "model=mnist_cnn"],
+    "gep": ["dataset.synthetic.channels=1", "dataset.synthetic.size=28", "model=mnist_cnn",
+            "aux=gaussian", "aux.num_samples=16", "mechanism.num_bases=4"],
+    "bgep": ["dataset.synthetic.channels=1", "dataset.synthetic.size=28", "model=mnist_cnn",
+             "aux=gaussian", "aux.num_samples=16", "mechanism.num_bases=4"],
+    # the experiment's own WRN-10-1 (its train_size subset is dropped: synthetic data)
+    "rgp": ["dataset.synthetic.channels=3", "dataset.synthetic.size=32", "~dataset.train_size",
+            "mechanism.warmup_steps=2"],
 }  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Campaign:
+    """A table in one setting; ``tune``: its tuning grid, then the picks at every seed."""
+
+    table: str
+    setting: str
+    tune: bool = False
+
+
+#: name -> campaign; the GPU command's default order puts the short campaigns first
+CAMPAIGNS = {
+    "gep5-aux": Campaign("gep5-aux", "reduced"),
+    "gep6-anchors": Campaign("gep6-anchors", "reduced"),
+    "rgp-head": Campaign("rgp-head-cifar10", "reduced", tune=True),
+    "gep1-cifar10-cpu-long": Campaign("gep1-cifar10", "cpu-long", tune=True),
+    "gep1-cifar10-paper": Campaign("gep1-cifar10", "paper"),
+}
+DEFAULT_ORDER = tuple(CAMPAIGNS)
+
+
 def priority(job) -> tuple:
-    eps, mech = job.cell["epsilon"], job.cell["mechanism"]
+    eps, mech = job.cell.get("epsilon"), job.cell["mechanism"]
     rank = lambda seq, v: seq.index(v) if v in seq else len(seq)  # noqa: E731
-    return (job.seed, rank(EPSILON_ORDER, eps), rank(MECHANISM_ORDER, mech))
+    return (job.variant != "tune", job.seed, rank(EPSILON_ORDER, eps), rank(MECHANISM_ORDER, mech))
 
 
-def queue(root: Path, tiny: bool = False, passthrough: list[str] = ()) -> list:
-    """Every job of the table in priority order (finished ones included)."""
+def tiny_setting(table, setting: str):
+    """The CPU test's stand-in for ``setting``: its cells at one seed, toy data and model, a
+    one-point tuning grid; the axis overrides dropped (no data files in a test)."""
     from dpsub import tables
 
-    table = tables.load_table(TABLE)
-    setting = "paper"
-    if tiny:
-        setting = "tiny"
-        table.settings["tiny"] = tables.Setting(
-            "tiny", "CPU test of the GPU kit", TINY_OVERRIDES, seeds=[0]
-        )
-    jobs = tables.plan_jobs(
-        table, setting, Path(root) / "results" / "tables", "paper", passthrough=list(passthrough)
+    base = table.setting(setting)
+    tune = table.tune_of(setting)
+    if tune is not None:
+        clip = {m: c[:1] for m, c in tune.clip.items()}
+        tune = tables.Tune(16, 0, tune.lr[:1], clip, extend=0)
+    blank = {a: {} for a in {**table.overrides, **base.axis_overrides}}
+    return tables.Setting(
+        "tiny", "CPU test of the GPU kit", TINY_OVERRIDES, base.axes, [0], blank, tune
     )
-    return sorted(jobs, key=priority)
+
+
+def campaign_jobs(c: Campaign, root: Path, tiny: bool = False, passthrough=()) -> list:
+    """The campaign's jobs in priority order (finished ones included): the paper variant,
+    or the tuning grid then the tuned picks known so far."""
+    from dpsub import tables
+
+    table, setting = tables.load_table(c.table), c.setting
+    if tiny:
+        table.settings["tiny"], setting = tiny_setting(table, setting), "tiny"
+    out, kw = Path(root) / "results" / "tables", {"passthrough": list(passthrough)}
+    if not c.tune:
+        return sorted(tables.plan_jobs(table, setting, out, "paper", **kw), key=priority)
+    tune = sorted(tables.plan_jobs(table, setting, out, "tune", **kw), key=priority)
+    picks = {cid: p["overrides"] for cid, p in tables.pick_best(table, tune).items()}
+    tuned = tables.plan_jobs(table, setting, out, "tuned", picks=picks, **kw)
+    return tune + sorted(tuned, key=priority)
+
+
+def queue(
+    root: Path, tiny: bool = False, passthrough: list[str] = (), campaigns=DEFAULT_ORDER
+) -> list:
+    """Every job of the chosen campaigns in priority order (finished ones included)."""
+    unknown = [c for c in campaigns if c not in CAMPAIGNS]
+    if unknown:
+        raise ValueError(f"unknown campaign {unknown[0]!r} (known: {', '.join(CAMPAIGNS)})")
+    return [j for c in campaigns for j in campaign_jobs(CAMPAIGNS[c], root, tiny, passthrough)]
 
 
 def rel(path: Path, root: Path) -> Path:
@@ -95,6 +151,9 @@ class CellRunner:
     grace_s: float = 45.0  # for the step in flight and the checkpoint after SIGTERM
     min_cell_s: float = 60.0  # do not start a cell with less time than this left
     interrupt_at_checkpoint: bool = False  # tests: SIGTERM at a cell's first checkpoint
+    max_failures: int = (
+        3  # a failed cell (e.g. its data not staged) is skipped; this many in a row stop
+    )
     poll_s: float = 1.0
     log: Callable[[str], None] = print
     work: Path | None = None  # where the children's output goes (default: beside the tar)
@@ -113,22 +172,29 @@ class CellRunner:
         ov = job.hydra_overrides()
         return [*base, *ov, "logger=disabled", "train.progress=false", *keep]
 
-    def run(self, jobs: list) -> list[dict]:
-        """Run the unfinished ``jobs`` in order while time is left; one record per job run."""
-        out = []
+    def run(self, jobs) -> list[dict]:
+        """Run the unfinished jobs in order while time is left; one record per job run.
+        ``jobs``: a list, or a function giving the queue (planned again after every cell:
+        a finished tuning grid brings its picks), each job run at most once."""
+        plan = jobs if callable(jobs) else (lambda: jobs)
+        out, tried, failed = [], set(), 0
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         self.log_file.write_text("")
-        for job in jobs:
-            if job.finished:
-                continue
+        while True:
+            job = next((j for j in plan() if not j.finished and j.dir not in tried), None)
+            if job is None:
+                break
+            tried.add(job.dir)
             if self.deadline - time.time() < self.min_cell_s:
                 self.log(f"cells: {self.deadline - time.time():.0f} s left, stopping the queue")
                 break
             restored = restore_carried(job, self.root)
             status = self.run_one(job)
             out.append({"cell": job.name, "status": status, "restored": restored})
-            if status == "failed":
-                break  # a failure is reported, not retried in a loop
+            failed = failed + 1 if status == "failed" else 0
+            if failed >= self.max_failures:  # reported, not retried in a loop
+                self.log(f"cells: {failed} cells failed in a row, stopping the queue")
+                break
         return out
 
     def run_one(self, job) -> str:

@@ -10,7 +10,8 @@ a. ``check``: the packages (installed from ``.gpu/wheels`` when missing), CUDA, 
 b. ``smoke``: ``pytest -m gpu tests/integration/test_gpu.py`` (tests/integration/test_gpu.py);
 c. ``bench``: ``scripts/bench.py`` at the paper's GPU sizes, one process per table
    (:data:`BENCHES`), written as ``gpu_<name>.md`` / ``.json`` as each finishes;
-d. ``cells``: GEP Table 1 CIFAR-10 cells by priority (:mod:`dpsub.gpu.cells`).
+d. ``cells``: table cells by priority, campaign after campaign (:mod:`dpsub.gpu.cells`:
+   GEP Tables 5 and 6 reduced, the RGP head study, GEP Table 1 CIFAR-10 cpu-long then paper).
 
 ``tiny=True`` runs every step on the CPU at toy sizes (the test suite does).
 """
@@ -76,6 +77,7 @@ class Options:
     gep_authors: Path | None = None
     max_cells: int | None = None
     interrupt_cells: bool = False  # tests: stop each cell at its first checkpoint
+    campaigns: tuple[str, ...] | None = None  # names in dpsub.gpu.cells.CAMPAIGNS (default: all)
 
 
 @dataclass
@@ -286,14 +288,17 @@ def gep_authors(kit: Kit, d: Path, end: float) -> str:
 
 # ----------------------------------------------------------------- d. cells
 def step_cells(kit: Kit, bound: float) -> dict:
-    from dpsub.gpu.cells import CellRunner, queue
+    from dpsub.gpu.cells import DEFAULT_ORDER, CellRunner, queue
 
     ensure_packages(kit)
     if kit.data_root is None and not kit.opts.tiny:
         kit.data_root = ensure_data(kit)
-    jobs = queue(kit.opts.root, tiny=kit.opts.tiny)
-    if kit.opts.max_cells is not None:
-        jobs = jobs[: kit.opts.max_cells]
+    order = kit.opts.campaigns or DEFAULT_ORDER
+
+    def plan() -> list:  # planned again after every cell (tuning grids bring their picks)
+        jobs = queue(kit.opts.root, tiny=kit.opts.tiny, campaigns=order)
+        return jobs[: kit.opts.max_cells] if kit.opts.max_cells is not None else jobs
+
     ms = getattr(kit, "bench_ms", {})
     runner = CellRunner(
         root=kit.opts.root, tar_path=kit.opts.out / "cells.tar", env=kit.env,
@@ -305,7 +310,8 @@ def step_cells(kit: Kit, bound: float) -> dict:
         runner.interrupt_at_checkpoint = kit.opts.interrupt_cells
     elif ms:  # a checkpoint every ~3 minutes at the measured speed of the slowest mechanism
         runner.checkpoint_every = max(10, int(180_000 / max(ms.values())))
-    done = runner.run(jobs)
+    done = runner.run(plan)
+    jobs = plan()
     left = [j.name for j in jobs if not j.finished]
     kit.log(f"cells: {len(jobs) - len(left)} of {len(jobs)} finished; ran {done}")
     ok = all(r["status"] != "failed" for r in done)
