@@ -118,7 +118,7 @@ MUTANTS = (
         "ghost-row-buffer-shared-by-layers",
         "src/dpsub/grads/ghost.py",
         "        buf = self.buffers.get(key)\n",
-        "        buf = self.buffers.get(key := \"one\")\n",
+        '        buf = self.buffers.get(key := "one")\n',
         ("tests/unit/test_ghost.py", "-k", "matches_reference_on_every_model"),
     ),
     Mutant(
@@ -235,14 +235,24 @@ MUTANTS = (
         "src/dpsub/privacy/accountant.py",
         "                os.fsync(f.fileno())",
         "                pass",
-        ("tests/unit/test_privacy.py", "tests/integration/test_run_dir.py", "-k", "durable or fsynced"),
+        (
+            "tests/unit/test_privacy.py",
+            "tests/integration/test_run_dir.py",
+            "-k",
+            "durable or fsynced",
+        ),
     ),
     Mutant(
         "ledger-rename-not-durable",
         "src/dpsub/privacy/accountant.py",
         "            fsync_dir(path.parent)",
         "            pass",
-        ("tests/unit/test_privacy.py", "tests/integration/test_run_dir.py", "-k", "durable or fsynced"),
+        (
+            "tests/unit/test_privacy.py",
+            "tests/integration/test_run_dir.py",
+            "-k",
+            "durable or fsynced",
+        ),
     ),
     Mutant(
         "secure-ledger-not-fsynced",
