@@ -70,7 +70,7 @@ def plan(table: tables.Table, args, variant: str, **kw) -> list[tables.Job]:
     if out is None or Path(out).resolve() == Path(args.runs).resolve():
         return jobs
     committed = tables.plan_jobs(table, args.setting, out, variant, extra=args.extra, **kw)
-    return [c if c.finished and not j.finished else j for j, c in zip(jobs, committed)]
+    return [c if c.finished and not j.finished else j for j, c in zip(jobs, committed, strict=True)]
 
 
 def collect(table: tables.Table, args) -> dict[str, dict[str, list[tables.Job]]]:
