@@ -61,22 +61,26 @@ def die(msg: str) -> None:
 
 
 # --------------------------------------------------------------- collect
+def plan(table: tables.Table, args, variant: str, **kw) -> list[tables.Job]:
+    """The variant's jobs under ``args.runs``; a job not finished there is taken from the
+    committed runs in ``args.out`` when it is finished there (``make table`` on a clone whose
+    outputs/tables holds only the jobs it re-ran or linked renders the whole table)."""
+    jobs = tables.plan_jobs(table, args.setting, args.runs, variant, extra=args.extra, **kw)
+    out = getattr(args, "out", None)
+    if out is None or Path(out).resolve() == Path(args.runs).resolve():
+        return jobs
+    committed = tables.plan_jobs(table, args.setting, out, variant, extra=args.extra, **kw)
+    return [c if c.finished and not j.finished else j for j, c in zip(jobs, committed, strict=True)]
+
+
 def collect(table: tables.Table, args) -> dict[str, dict[str, list[tables.Job]]]:
     """variant -> cell id -> finished jobs."""
-    kw = dict(extra=args.extra)
     has_tune = table.tune_of(args.setting) is not None
-    tune_jobs = tables.plan_jobs(table, args.setting, args.runs, "tune", **kw) if has_tune else []
+    tune_jobs = plan(table, args, "tune") if has_tune else []
     picks = tables.pick_best(table, tune_jobs) if tune_jobs else {}
     by_variant = {
-        "paper": tables.plan_jobs(table, args.setting, args.runs, "paper", **kw),
-        "tuned": tables.plan_jobs(
-            table,
-            args.setting,
-            args.runs,
-            "tuned",
-            picks={c: p["overrides"] for c, p in picks.items()},
-            **kw,
-        ),  # fmt: skip
+        "paper": plan(table, args, "paper"),
+        "tuned": plan(table, args, "tuned", picks={c: p["overrides"] for c, p in picks.items()}),
         "tune": tune_jobs,
     }
     out = {}

@@ -294,3 +294,38 @@ def test_only_takes_a_list_of_values():
     args.extra, args.passthrough, args.tune, args.skip_paper = [], [], False, False
     jobs, _, _ = reproduce.plan(args, table)
     assert sorted({j.cell["m"] for j in jobs}) == [1000, 4000] and len(jobs) == 6
+
+
+def test_make_table_takes_the_committed_runs_a_partial_outputs_tree_lacks(tmp_path):
+    """`make table` on a clone re-runs or links only some jobs under outputs/tables: the render
+    takes every other finished job from the committed runs (--out), so no variant drops out."""
+    from types import SimpleNamespace
+
+    make_table = load_script("make_table")
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    table = tables.load_table(spec)
+    outputs, committed = tmp_path / "outputs", tmp_path / "results"
+
+    def finish(root, variant, name, **summary):
+        d = tables.setting_dir(root, table, "tiny", []) / variant / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps(summary))
+
+    for m in ("dpsgd", "gep"):
+        for s in (0, 1):  # the paper variant re-run (or linked) under outputs
+            finish(outputs, "paper", f"mechanism={m},epsilon=2,seed={s}", test_accuracy=0.5)
+        for lr, acc in ((0.5, 0.7), (1.0, 0.6)):  # tuning and picks committed only
+            finish(committed, "tune", f"mechanism={m},epsilon=2,lr={lr},clip=0",
+                   validation_accuracy=acc)  # fmt: skip
+        finish(committed, "tuned", f"mechanism={m},epsilon=2,seed=0", test_accuracy=0.8)
+    args = SimpleNamespace(setting="tiny", extra=[], runs=outputs, out=committed)
+    found = make_table.collect(table, args)
+    assert {v: sum(map(len, found[v].values())) for v in ("paper", "tune", "tuned")} == {
+        "paper": 4, "tune": 4, "tuned": 2,
+    }  # fmt: skip
+    assert all(p["lr"] == 0.5 for p in found["picks"].values())
+    assert all(outputs in j.dir.parents for js in found["paper"].values() for j in js)
+    # without the committed root (the harness's own re-render check) only outputs count
+    alone = make_table.collect(table, SimpleNamespace(setting="tiny", extra=[], runs=outputs))
+    assert not alone["tune"] and not alone["tuned"] and len(alone["paper"]) == 2
