@@ -36,6 +36,13 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "refused-run-removes-a-dir-another-process-made",
+        "src/dpsub/training/trainer.py",
+        "            run_dir.mkdir(parents=True)\n",
+        "            run_dir.mkdir(parents=True, exist_ok=True)\n",
+        ("tests/integration/test_run_dir.py", "-k", "never_removes"),
+    ),
+    Mutant(
         "pate-data-dependent-epsilon-still-covered",
         "src/dpsub/pate/cli.py",
         '"covered_by_epsilon": not dd,',

@@ -92,3 +92,20 @@ def test_secure_ledger_is_fsynced_before_each_release_leaves_the_step(tmp_path, 
     for kind in ("file", "dir"):
         counts = [c[kind] for _, c in seen]
         assert all(b > a for a, b in pairwise([0, *counts])), (kind, counts)
+
+
+def test_a_process_refused_an_out_dir_made_by_another_never_removes_it(tmp_path, monkeypatch):
+    """Two processes racing for one new out_dir: the one that did not make the dir (here it
+    looked before the other made it and finished a run in it) is refused and deletes nothing."""
+    run_dir = tmp_path / "run"
+    cfg = compose_cfg(*SYNTH, "train.max_steps=2")
+    train(cfg, run_dir)  # the other process's finished run
+    before = sorted(p.name for p in run_dir.iterdir())
+    real_exists = type(run_dir).exists
+    monkeypatch.setattr(
+        type(run_dir), "exists", lambda p: False if p == run_dir else real_exists(p)
+    )  # the loser's view from before the winner made the dir
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train(cfg, run_dir)
+    monkeypatch.undo()
+    assert sorted(p.name for p in run_dir.iterdir()) == before

@@ -297,9 +297,13 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
         log.setLevel(logging.WARNING)
     run = build_run(settings, dist=dist)
     unlock = detach_log = lambda: None  # noqa: E731
-    fresh = dist.main and not run_dir.exists()
+    fresh = False  # this process made the run dir (only then may a refusal remove it)
     if dist.main and (run_dir.is_dir() or not resume):  # one process per run dir, held
-        run_dir.mkdir(parents=True, exist_ok=True)  # from before the checkpoint is read
+        try:  # from before the checkpoint is read
+            run_dir.mkdir(parents=True)
+            fresh = True
+        except FileExistsError:  # (another process may have made it a moment ago)
+            pass
         unlock = lock_run_dir(run_dir, "resume" if resume else "out_dir")
     try:
         notes = _start_or_resume(run, cfg, run_dir, resume)
