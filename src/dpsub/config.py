@@ -161,12 +161,17 @@ def _check_features(cfg: DictConfig) -> None:
         return
     f = OmegaConf.to_container(f, resolve=False)
     name = f.get("name")
-    _require(name in FEATURES, "features.name", _one_of(FEATURES), name)
+    _require(name in FEATURES, "features.name", f"must be one of {FEATURES}", name)
     for key in f:
         _require(key in FEATURE_OPTIONS[name], f"features.{key}", f"not an option of {name}", key)
     if name == "none":
         return
-    _require(f.get("norm") in FEATURE_NORMS, "features.norm", _one_of(FEATURE_NORMS), f.get("norm"))
+    _require(
+        f.get("norm") in FEATURE_NORMS,
+        "features.norm",
+        f"must be one of {FEATURE_NORMS}",
+        f.get("norm"),
+    )
     _require(int(f.get("groups") or 0) >= 1, "features.groups", "must be >= 1", f.get("groups"))
     if name == "torchscript":
         _require(

@@ -126,7 +126,7 @@ def generated(readme: Path) -> frozenset[str]:
         import make_table
 
         setting, *extra = rel[3].split("+")
-        table = tables.load_table(rel[2]).for_setting(setting)
+        table = tables.load_table(rel[2])
         args = SimpleNamespace(setting=setting, extra=extra, runs=ROOT / rel[0] / rel[1])
         found = make_table.collect(table, args)
         lines = make_table.markdown_table(table, found, setting) + make_table.tuning_lines(
