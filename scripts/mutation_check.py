@@ -43,6 +43,13 @@ MUTANTS = (
         ("tests/integration/test_run_dir.py", "-k", "never_removes"),
     ),
     Mutant(
+        "features-normalized-on-private-train",
+        "src/dpsub/features/__init__.py",
+        'mean, std = public_stats(extract(public_images(opts, data.in_shape, root), "public"))',
+        "mean, std = public_stats(train)",
+        ("tests/unit/test_features.py", "-k", "private_split"),
+    ),
+    Mutant(
         "pate-data-dependent-epsilon-still-covered",
         "src/dpsub/pate/cli.py",
         '"covered_by_epsilon": not dd,',

@@ -17,3 +17,7 @@ RNGS = ("seeded", "secure")
 POLICIES = ("planned", "measured", "nominal")
 #: ``dataset.name``: one loader each in :data:`dpsub.data.datasets.LOADERS`.
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar10_subset", "svhn", "synthetic")
+#: ``features.name``: frozen feature extractors (:mod:`dpsub.features.extractors`).
+FEATURES = ("none", "scatternet", "cifar100_resnet", "torchscript")
+#: ``features.norm``: where the feature normalization comes from (:mod:`dpsub.features`).
+FEATURE_NORMS = ("public", "example", "none")

@@ -127,8 +127,65 @@ SCHEMAS = {
     "eval": EvalSchema,
 }
 TOP_LEVEL = {
-    "seed", "device", "resume", "run_name", "out_dir", "model", "mechanism", "aux", *SCHEMAS
+    "seed", "device", "resume", "run_name", "out_dir", "model", "mechanism", "aux", "features",
+    *SCHEMAS,
 }  # fmt: skip
+
+#: ``features.*`` keys each extractor reads (conf/features/<name>.yaml, dpsub/features)
+_FEATURE_COMMON = (
+    "name",
+    "norm",
+    "groups",
+    "norm_path",
+    "norm_samples",
+    "batch_size",
+    "image_size",
+    "cache_dir",
+)
+FEATURE_OPTIONS = {
+    "none": ("name",),
+    "scatternet": (*_FEATURE_COMMON, "J", "L", "pool"),
+    "cifar100_resnet": (*_FEATURE_COMMON, "width", "epochs", "seed", "pretrain_path"),
+    "torchscript": (*_FEATURE_COMMON, "path", "input_mean", "input_std"),
+}
+#: aux sources that are drawn from the private dataset's own (featurized) tensors
+_FEATURE_AUX = ("none", "heldout_test", "public_train", "gaussian")
+
+
+def _check_features(cfg: DictConfig) -> None:
+    """``features.*``: a known extractor, its own keys, and an aux source that is featurized."""
+    from dpsub.choices import FEATURE_NORMS, FEATURES
+
+    f = cfg.get("features")
+    if f is None:
+        return
+    f = OmegaConf.to_container(f, resolve=False)
+    name = f.get("name")
+    _require(name in FEATURES, "features.name", f"must be one of {FEATURES}", name)
+    for key in f:
+        _require(key in FEATURE_OPTIONS[name], f"features.{key}", f"not an option of {name}", key)
+    if name == "none":
+        return
+    _require(
+        f.get("norm") in FEATURE_NORMS,
+        "features.norm",
+        f"must be one of {FEATURE_NORMS}",
+        f.get("norm"),
+    )
+    _require(int(f.get("groups") or 0) >= 1, "features.groups", "must be >= 1", f.get("groups"))
+    if name == "torchscript":
+        _require(
+            f.get("path") not in (None, "???"),
+            "features.path",
+            "set the TorchScript file",
+            f.get("path"),
+        )
+    aux = cfg.aux.name if cfg.get("aux") is not None else "none"
+    _require(
+        aux in _FEATURE_AUX, "aux.name",
+        f"with features={name} the anchors must come from the featurized data; "
+        f"choose one of {_FEATURE_AUX} (GEP Appendix A: aux=heldout_test aux.num_samples=500)", aux,
+    )  # fmt: skip
 
 
 def typed_group(group: str, node: DictConfig | dict | None) -> DictConfig:
@@ -196,6 +253,7 @@ def validate(cfg: DictConfig | Settings, usable: bool = True) -> Settings:
     for g, node in typed.items():
         check_declared(node, SCHEMAS[g], g)
     _check_combinations(typed)
+    _check_features(cfg)
     _require(
         cfg.device == "auto" or str(cfg.device).startswith(("cpu", "cuda", "mps")),
         "device",

@@ -31,6 +31,7 @@ LAYERS = {
     "models": 2,
     "logging": 2,
     "grads": 3,  # per-example gradients and clipping (Sensitive values)
+    "features": 3,  # frozen feature extractors and their cache (uses data)
     "subspace": 4,  # bases, carriers, the low-rank reparametrization
     "mechanisms": 5,
     "config": 6,  # validates the declarations of mechanisms, data and models

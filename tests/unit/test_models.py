@@ -29,7 +29,15 @@ def _seed():
 
 
 def test_registry_names():
-    assert set(MODELS) == {"mnist_cnn", "lenet", "resnet20", "wrn", "cifar_cnn"}
+    assert set(MODELS) == {
+        "mnist_cnn",
+        "lenet",
+        "resnet20",
+        "wrn",
+        "cifar_cnn",
+        "linear",
+        "scatter_cnn",
+    }
 
 
 @pytest.mark.parametrize("in_shape", [MNIST, CIFAR], ids=["mnist", "cifar"])

@@ -83,6 +83,7 @@ class DatasetBundle:
     mean: tuple[float, ...]  # per-channel normalization that was applied
     std: tuple[float, ...]
     eval_split: str = "test"  # what test_x / test_y hold: "test", or "validation" (tuning)
+    features: str | None = None  # the frozen extractor the tensors come from (features/)
 
     @property
     def in_shape(self) -> tuple[int, int, int]:

@@ -74,6 +74,28 @@ def check_files(cfg: Any) -> None:
                 f"(searched data root {root}). {FIX_HINT}"
             )
     _check_aux_files(cfg.get("aux") or {}, root)
+    _check_feature_files(cfg.get("features") or {}, root)
+
+
+#: the public CIFAR-100 file the features group reads by default (dpsub/features)
+FEATURES_DEFAULT_FILE = "aux/cifar100_train_first10000.npz"
+
+
+def _check_feature_files(f: Any, root: Path) -> None:
+    """DatasetNotFoundError naming the file a features option would read."""
+    name = f.get("name", "none")
+    if name == "none":
+        return
+    keys = ["pretrain_path"] if name == "cifar100_resnet" else []
+    keys += ["norm_path"] if f.get("norm") == "public" else []
+    keys += ["path"] if name == "torchscript" else []
+    for key in keys:
+        file = f.get(key) or (root / FEATURES_DEFAULT_FILE if key != "path" else None)
+        if file is None or not Path(str(file)).expanduser().is_file():
+            raise DatasetNotFoundError(
+                f"features.{key}: {file} is not a file (default <data.root>/"
+                f"{FEATURES_DEFAULT_FILE}, the public CIFAR-100 images); see docs/features.md"
+            )
 
 
 def _check_aux_files(aux: Any, root: Path) -> None:

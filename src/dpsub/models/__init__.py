@@ -14,6 +14,9 @@ Registry (``MODELS``), each entry called as ``ctor(in_shape, num_classes, **kwar
   kwargs: ``depth`` (28), ``width`` (4), ``gn_groups`` (32).
 * ``"cifar_cnn"`` -- :class:`~dpsub.models.cifar_cnn.CifarCNN`, Abadi et al.'s CIFAR-10 CNN
   (DP-Hero's; 1,832,266 params on CIFAR-10).  kwargs: ``channels`` (64), ``hidden`` (384).
+* ``"linear"`` -- :class:`~dpsub.models.linear.Linear`, a linear classifier (frozen features).
+* ``"scatter_cnn"`` -- :class:`~dpsub.models.linear.ScatterCNN`, Tramer & Boneh's CNN on
+  ScatterNet features.  kwargs: ``channels`` (64).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ MODELS: dict[str, str] = {
     "resnet20": "dpsub.models.resnet:resnet20",
     "wrn": "dpsub.models.wrn:wrn_for_shape",
     "cifar_cnn": "dpsub.models.cifar_cnn:CifarCNN",
+    "linear": "dpsub.models.linear:Linear",
+    "scatter_cnn": "dpsub.models.linear:ScatterCNN",
 }
 
 #: name -> the keyword options its constructor takes (besides in_shape and num_classes),
@@ -46,6 +51,8 @@ MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
     "resnet20": ("gn_groups",),
     "wrn": ("depth", "width", "gn_groups"),
     "cifar_cnn": ("channels", "hidden"),
+    "linear": (),
+    "scatter_cnn": ("channels",),
 }
 
 

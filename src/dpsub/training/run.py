@@ -100,7 +100,32 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+_FEATURES_MEMO: dict[str, DatasetBundle] = {}  # the last featurized dataset of this process
+
+
 def load_data(cfg: Settings | DictConfig) -> DatasetBundle:
+    """The dataset of ``cfg`` (Settings, or any config with ``dataset``, ``data`` and
+    ``seed``: the PATE one), before auxiliary or validation examples are taken from it;
+    with ``features=<extractor>``, its frozen features (dpsub/features, cached on disk)."""
+    raw = cfg.cfg if isinstance(cfg, Settings) else cfg
+    f = raw.get("features")
+    if f is None or f.name == "none":
+        return _load_images(cfg)
+    # the jobs of one sweep process that use the same data share the bundle in memory
+    # (nothing downstream writes into it)
+    from dpsub.features import featurize
+
+    opts = OmegaConf.to_container(f, resolve=True)
+    d = OmegaConf.to_container(raw.dataset, resolve=True)
+    seed = raw.seed if d.get("train_size") else None  # the subset is the seed's
+    key = repr((d, opts, raw.data.root, seed))
+    if key not in _FEATURES_MEMO:
+        _FEATURES_MEMO.clear()
+        _FEATURES_MEMO[key] = featurize(_load_images(cfg), opts, raw.data.root)
+    return _FEATURES_MEMO[key]
+
+
+def _load_images(cfg: Settings | DictConfig) -> DatasetBundle:
     """The dataset of ``cfg`` (Settings, or any config with ``dataset``, ``data`` and
     ``seed``: the PATE one), before auxiliary or validation examples are taken from it."""
     d, data = (
