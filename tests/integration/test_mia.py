@@ -19,7 +19,7 @@ from dpsub.eval.mia import (
 )
 from dpsub.training.run import build_run, train_step
 
-from conftest import CONF_DIR, REPO, SYNTH, compose_cfg
+from conftest import REPO, SYNTH, compose_cfg
 
 torch.set_num_threads(2)
 
@@ -119,10 +119,6 @@ def test_evaluate_run_touches_neither_model_nor_training_randomness():
 
 
 # ------------------------------------------------------------- trainer hook
-HAS_EVAL = "eval" in OmegaConf.load(CONF_DIR / "config.yaml")
-
-
-@pytest.mark.skipif(not HAS_EVAL, reason="the eval: block of conf/config.yaml is not merged yet")
 def test_eval_mia_is_logged_under_private_and_uncovers_the_run(tmp_path):
     from dpsub.training.trainer import train
 
