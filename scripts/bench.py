@@ -697,7 +697,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    threads = torch.get_num_threads()
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    finally:  # a caller's thread count is its own (tests call main in-process)
+        torch.set_num_threads(threads)
+
+
+def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.batch_size < 1 or args.steps < 1 or args.warmup < 0 or args.memory_steps < 0:
         raise SystemExit("need --batch-size >= 1, --steps >= 1, --warmup >= 0, --memory-steps >= 0")

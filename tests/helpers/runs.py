@@ -7,14 +7,15 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from dpsub.logging import read_metrics
-from dpsub.training.trainer import train
+from dpsub.runs import SUMMARY
 
-from conftest import REPO, cli_command, compose_cfg, run_cli
+from conftest import REPO, cli_command, run_cli
 
 DEMO = (
     "train.epochs=4",
@@ -39,14 +40,16 @@ RESUME_RUNS = {
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
-    """Uninterrupted runs, one per mechanism, made once."""
+    """Uninterrupted runs, one per mechanism, made once, by the CLI as the killed runs are (the
+    same process setup: an in-process run may have another thread count, and a diverging run
+    then ends elsewhere)."""
     cache = {}
 
     def get(mech):
         if mech not in cache:
-            cache[mech] = train(
-                compose_cfg(*RESUME_RUNS[mech]), tmp_path_factory.mktemp(f"ref-{mech}")
-            )
+            run_dir = tmp_path_factory.mktemp(f"ref-{mech}") / "run"
+            run_cli(*RESUME_RUNS[mech], run_dir=run_dir)
+            cache[mech] = SimpleNamespace(**json.loads((run_dir / SUMMARY).read_text()))
         return cache[mech]
 
     return get
