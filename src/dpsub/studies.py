@@ -229,8 +229,13 @@ class PateSetting:
 PATE_SETTINGS = {
     "mnist": PateSetting(
         "mnist",
-        ("dataset=mnist", "model=mnist_cnn", "pate=gnmax", "pate.teachers=250",
-         "pate.teacher.lr=0.01"),
+        (
+            "dataset=mnist",
+            "model=mnist_cnn",
+            "pate=gnmax",
+            "pate.teachers=250",
+            "pate.teacher.lr=0.01",
+        ),
         {f"s{s}": (f"pate.sigma2={s}",) for s in (40, 100, 200)},
         "250 teachers (the papers') on 55,000 training images (220 each: 5,000 are held out "
         "for tuning, in every run), mnist_cnn teachers and student (10 and 20 epochs of "
