@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-from test_mechanisms import ctx, loop_grads, setup
 
 from dpsub.grads import ClippedAccumulator, ClippedResidualSum, ParamLayout, finite_norms
 from dpsub.models import build_model
@@ -28,6 +27,9 @@ from dpsub.subspace import (
     power_iteration,
     random_starts,
 )
+
+from conftest import loop_grads
+from helpers.mechanisms import ctx, setup
 
 
 def gen(seed: int = 0) -> torch.Generator:
