@@ -21,6 +21,7 @@ from dpsub.data.subsets import NotEnoughExamples, balanced_pick
 from dpsub.errors import DataError
 
 from conftest import SHARED_ROOT
+from helpers.data import write_fake_cifar10
 
 SHARED = SHARED_ROOT
 
@@ -219,30 +220,8 @@ def _patched(cls, init):
 # ------------------------------------------------------ fake CIFAR-10 and SVHN
 
 
-def _write_fake_cifar10(root: Path, per_batch: int = 20, n_test: int = 10) -> None:
-    d = root / "cifar-10-batches-py"
-    d.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    for name in names:
-        n = n_test if name == "test_batch" else per_batch
-        batch = {
-            "batch_label": name,
-            "labels": [int(v) for v in rng.integers(0, 10, n)],
-            "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-            "filenames": [f"img{i}.png" for i in range(n)],
-        }
-        with open(d / name, "wb") as f:
-            pickle.dump(batch, f)
-    meta = {"num_cases_per_batch": per_batch, "num_vis": 3072, "label_names": [
-        "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
-    ]}  # fmt: skip
-    with open(d / "batches.meta", "wb") as f:
-        pickle.dump(meta, f)
-
-
 def test_cifar10_fake_matches_torchvision(tmp_path: Path, monkeypatch) -> None:
-    _write_fake_cifar10(tmp_path)
+    write_fake_cifar10(tmp_path)
     d = load_dataset("cifar10", root=tmp_path)
     assert d.train_x.shape == (100, 3, 32, 32) and d.test_x.shape == (10, 3, 32, 32)
     assert d.classes is not None and d.classes[-1] == "truck"
@@ -427,7 +406,7 @@ def _pickle_bytes(obj) -> bytes:
     ids=["truncated", "empty", "garbage", "list", "no-labels", "data-shape", "labels-count"],
 )
 def test_corrupt_cifar10_pickle(tmp_path: Path, corrupt, fragment: str) -> None:
-    _write_fake_cifar10(tmp_path)
+    write_fake_cifar10(tmp_path)
     path = tmp_path / "cifar-10-batches-py" / "data_batch_3"
     path.write_bytes(corrupt(path.read_bytes()))
     with pytest.raises(DataError) as err:
@@ -436,7 +415,7 @@ def test_corrupt_cifar10_pickle(tmp_path: Path, corrupt, fragment: str) -> None:
 
 
 def test_corrupt_cifar10_meta(tmp_path: Path) -> None:
-    _write_fake_cifar10(tmp_path)
+    write_fake_cifar10(tmp_path)
     (tmp_path / "cifar-10-batches-py" / "batches.meta").write_bytes(_pickle_bytes({"x": 1}))
     with pytest.raises(DataError) as err:
         load_dataset("cifar10", root=tmp_path)
