@@ -357,7 +357,7 @@ MUTANTS = (
         "src/dpsub/audit/release.py",
         "self.canary.holder = run.dist.main",
         "self.canary.holder = True",
-        ("tests/integration/test_audit.py", "-k", "two_ranks"),
+        ("tests/e2e/test_e2e_distributed.py", "-k", "audit_like_one_process"),
     ),
     Mutant(
         "onerun-delta-term-dropped",

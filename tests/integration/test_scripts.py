@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -188,3 +189,27 @@ def test_every_mutant_of_mutation_check_still_applies():
     spec.loader.exec_module(mod)
     for m in mod.MUTANTS:
         assert m.old in (mod.ROOT / m.file).read_text(), m.name
+
+
+def test_every_mutant_of_mutation_check_selects_a_test():
+    """Each mutant's test files exist and its ``-k`` words name a test in them (a test that
+    moved would leave pytest collecting nothing: exit 5, the mutant reported as surviving)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "mutation_check.py"
+    spec = importlib.util.spec_from_file_location("mutation_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["mutation_check"] = mod
+    spec.loader.exec_module(mod)
+    for m in mod.MUTANTS:
+        files = [a for a in m.tests if a.endswith(".py")]
+        assert files and all((mod.ROOT / f).is_file() for f in files), m.name
+        names = re.findall(
+            r"^def (test_\w+)", "\n".join((mod.ROOT / f).read_text() for f in files), re.M
+        )
+        if "-k" in m.tests:
+            words = m.tests[m.tests.index("-k") + 1].split(" or ")  # the only operator used
+            assert all(w.isidentifier() for w in words), (m.name, words)
+            assert any(w in n for w in words for n in names), (m.name, words)
+        else:
+            assert names, m.name
