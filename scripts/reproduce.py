@@ -155,15 +155,18 @@ def portable(cfg: dict) -> dict:
 
 
 def status(job: tables.Job, cfg: DictConfig, done: list[tuple[Path, dict]]) -> str:
-    """done | reuse:<dir> | resume | todo."""
+    """done | stale:<keys> | reuse:<dir> | resume | todo. A finished run whose config is no
+    longer the job's (a tuned pick that moved when its grid was extended, an edited table) is
+    ``stale``: it is set aside and run again, never counted as the job's."""
     from dpsub.training.checkpoint import changed_keys
 
+    new = portable(OmegaConf.to_container(cfg, resolve=True))
     if job.finished:
-        return "done"
+        keys = changed_keys(portable(runs.RunDir(job.dir).config_dict()), new)
+        return "stale:" + ",".join(keys) if keys else "done"
     if (job.dir / CKPT).is_file():
         return "resume"
     if not job.dir.exists():
-        new = portable(OmegaConf.to_container(cfg, resolve=True))
         for d, saved in done:
             if d != job.dir and not changed_keys(portable(saved), new):
                 return f"reuse:{d}"
@@ -403,6 +406,20 @@ def dry_run(args, table, jobs, tuned, picks) -> None:
 
 
 # --------------------------------------------------------------- launch
+def set_aside_stale(jobs, states, base: Path) -> None:
+    """Move each stale run to ``<setting>/.stale/<variant>/<job>@<time>`` (git-ignored): its
+    files are kept, the table no longer sees them, and the job runs again."""
+    stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    for j in jobs:
+        st = states[j.dir]
+        if st.startswith("stale:"):
+            dest = base / ".stale" / j.variant / f"{j.dir.name}@{stamp}"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            j.dir.rename(dest)
+            say(f"stale {j.variant}/{j.name} (changed: {st[6:]}) -> {dest}; running it again")
+            states[j.dir] = "todo"
+
+
 def link_reused(jobs, states) -> None:
     for j in jobs:
         st = states[j.dir]
@@ -449,13 +466,14 @@ def run_phase(jobs, args, hydra_ov, label: str) -> None:
     cfgs = compose_all(jobs)
     done = finished_runs(args.out) + finished_runs(COMMITTED)
     states = {j.dir: status(j, cfgs[j.dir], done) for j in jobs}
+    base = tables.setting_dir(args.out, args.table_obj, args.setting, args.extra)
+    set_aside_stale(jobs, states, base)
     link_reused(jobs, states)
     pending = [j for j in jobs if states[j.dir] in ("todo", "resume")]
     say(f"{label}: {len(jobs)} jobs, {len(jobs) - len(pending)} finished or reused, "
         f"{len(pending)} to run")  # fmt: skip
     if pending:
         stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        base = tables.setting_dir(args.out, args.table_obj, args.setting, args.extra)
         launch(pending, base / ".sweeps" / stamp, hydra_ov)
 
 

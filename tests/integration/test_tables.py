@@ -333,3 +333,24 @@ def test_make_table_takes_the_committed_runs_a_partial_outputs_tree_lacks(tmp_pa
     # without the committed root (the harness's own re-render check) only outputs count
     alone = make_table.collect(table, SimpleNamespace(setting="tiny", extra=[], runs=outputs))
     assert not alone["tune"] and not alone["tuned"] and len(alone["paper"]) == 2
+
+
+def test_a_finished_run_whose_config_moved_is_stale_set_aside_and_run_again(tmp_path):
+    """A tuned pick that moved (its grid was extended) must not keep the old pick's run."""
+    from omegaconf import OmegaConf
+
+    reproduce = load_script("reproduce")
+    cfg = compose_cfg("train.max_steps=2")
+    d = tmp_path / "tuned" / "mechanism=dpsgd,seed=0"
+    d.mkdir(parents=True)
+    OmegaConf.save(cfg, d / "config.yaml", resolve=True)
+    (d / "summary.json").write_text("{}")
+    job = tables.Job("t", "s", "tuned", {"mechanism": "dpsgd"}, 0, [], d)
+    assert reproduce.status(job, cfg, []) == "done"
+    moved = reproduce.status(job, compose_cfg("train.max_steps=2", "optim.lr=0.7"), [])
+    assert moved == "stale:optim.lr"
+    states = {d: moved}
+    reproduce.set_aside_stale([job], states, tmp_path)
+    assert states[d] == "todo" and not d.exists()  # runs again
+    kept = list((tmp_path / ".stale" / "tuned").glob("mechanism=dpsgd,seed=0@*/summary.json"))
+    assert len(kept) == 1  # nothing lost
