@@ -178,8 +178,8 @@ def test_summarize_runs_bad_run_dir(tmp_path: Path, problem: str) -> None:
     assert proc.stdout == ""
 
 
-def test_every_mutant_of_mutation_check_still_applies():
-    """scripts/mutation_check.py: each deliberate bug's pattern is still in the code."""
+def _mutation_check():
+    """scripts/mutation_check.py as a module."""
     import importlib.util
 
     path = Path(__file__).resolve().parents[2] / "scripts" / "mutation_check.py"
@@ -187,6 +187,12 @@ def test_every_mutant_of_mutation_check_still_applies():
     mod = importlib.util.module_from_spec(spec)
     sys.modules["mutation_check"] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_mutant_of_mutation_check_still_applies():
+    """scripts/mutation_check.py: each deliberate bug's pattern is still in the code."""
+    mod = _mutation_check()
     for m in mod.MUTANTS:
         assert m.old in (mod.ROOT / m.file).read_text(), m.name
 
@@ -194,13 +200,7 @@ def test_every_mutant_of_mutation_check_still_applies():
 def test_every_mutant_of_mutation_check_selects_a_test():
     """Each mutant's test files exist and its ``-k`` words name a test in them (a test that
     moved would leave pytest collecting nothing: exit 5, the mutant reported as surviving)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "mutation_check.py"
-    spec = importlib.util.spec_from_file_location("mutation_check", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["mutation_check"] = mod
-    spec.loader.exec_module(mod)
+    mod = _mutation_check()
     for m in mod.MUTANTS:
         files = [a for a in m.tests if a.endswith(".py")]
         assert files and all((mod.ROOT / f).is_file() for f in files), m.name
