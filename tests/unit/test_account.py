@@ -74,3 +74,13 @@ def test_the_account_owns_the_poisson_sampler_at_its_rate():
     assert isinstance(acct.sampler, PoissonSampler) and acct.sampler.q == acct.q
     state = acct.state_dict()
     assert set(state) == {"ledger", "nominal", "sampler"}
+
+
+def test_a_log_line_marks_the_running_rdp_bound_when_the_accountant_is_another():
+    from dpsub.training.progress import _eps
+
+    assert _eps({"epsilon": 0.09}) == "0.0900"
+    assert (
+        _eps({"epsilon_rdp": 0.126}) == "0.1260 (RDP bound)"
+    )  # accountant=prv, between evaluations
+    assert _eps({}) == "inf"

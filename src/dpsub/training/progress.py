@@ -48,8 +48,11 @@ def _pct(acc: float | None) -> str:
 
 
 def _eps(metrics: dict) -> str:
+    """The epsilon of a log line; the running RDP bound is marked as such where the run's
+    accountant is another (PRV: its epsilon, often smaller, is computed at evaluations)."""
+    rdp_only = "epsilon" not in metrics and "epsilon_rdp" in metrics
     e = metrics.get("epsilon", metrics.get("epsilon_rdp", math.inf))
-    return "inf" if not math.isfinite(e) else f"{e:.4f}"
+    return "inf" if not math.isfinite(e) else f"{e:.4f}" + (" (RDP bound)" if rdp_only else "")
 
 
 def _is_console(h: logging.Handler) -> bool:
