@@ -175,3 +175,21 @@ def test_per_example_gradients_and_ghost_norms_are_exact(name):
 
     G = layout.flatten(vmap(grad(loss_i), in_dims=(None, 0, 0))(params, x, y), batch=True)
     torch.testing.assert_close(G, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_featurize_leaves_the_global_random_state_as_it_was(tmp_path):
+    """A run seeds torch, then loads its data: an extractor that drew from the global RNG
+    (building or pretraining a network) would change the model's initialization, and only
+    in the first job of a sweep process (later jobs share the featurized data)."""
+    rng = np.random.default_rng(0)
+    npz = tmp_path / "c100.npz"
+    np.savez(npz, images=rng.integers(0, 256, (20, 32, 32, 3), dtype=np.uint8),
+             labels=rng.integers(0, 100, 20))  # fmt: skip
+    o = {**opts(tmp_path, npz), "name": "cifar100_resnet", "pretrain_path": str(npz),
+         "width": 8, "epochs": 1, "norm": "none"}  # fmt: skip
+    for _ in ("pretrain", "load the weights"):
+        torch.manual_seed(7)
+        featurize(bundle(c=3, size=32), o, tmp_path)
+        after = torch.rand(3)
+        torch.manual_seed(7)
+        assert torch.equal(after, torch.rand(3))

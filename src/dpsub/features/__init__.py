@@ -74,7 +74,15 @@ def _channel_affine(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> t
 
 
 def featurize(data, opts: dict, root: str | Path):
-    """The bundle ``data`` with its images replaced by normalized frozen features."""
+    """The bundle ``data`` with its images replaced by normalized frozen features. The global
+    random state is left as it was: building (or pretraining) an extractor draws from it,
+    which would make a run's initialization depend on whether its process had already
+    extracted these features (the second job of a sweep differed from the same job alone)."""
+    with torch.random.fork_rng():
+        return _featurize(data, opts, root)
+
+
+def _featurize(data, opts: dict, root: str | Path):
     from dpsub.features.extractors import build_extractor
 
     root = Path(root).expanduser()

@@ -73,13 +73,14 @@ class FeaturesOf(nn.Module):
 def _train(net: SmallResNet, x: torch.Tensor, y: torch.Tensor, epochs: int, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(net.parameters(), lr=2e-3)
-    steps = epochs * (len(x) // 128)
+    batches = max(1, len(x) // 128)  # fewer than 128 images: one batch of them all
+    steps = epochs * batches
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
     net.train()
     for epoch in range(epochs):
         perm = torch.randperm(len(x), generator=g)
         total = 0.0
-        for i in range(len(x) // 128):
+        for i in range(batches):
             idx = perm[i * 128 : (i + 1) * 128]
             xb = _augment(x[idx], g)
             loss = F.cross_entropy(net(xb), y[idx])
@@ -92,7 +93,7 @@ def _train(net: SmallResNet, x: torch.Tensor, y: torch.Tensor, epochs: int, seed
             "cifar100_resnet pretraining: epoch %d/%d, loss %.3f",
             epoch + 1,
             epochs,
-            total / (i + 1),
+            total / batches,
         )
     net.eval()
 
