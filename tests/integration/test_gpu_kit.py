@@ -204,7 +204,8 @@ def test_queue_runs_the_campaigns_in_order_short_ones_first(tmp_path):
     jobs = cells.queue(tmp_path)
     order = list(dict.fromkeys((j.table, j.setting) for j in jobs))
     assert order == [("gep5-aux", "reduced"), ("gep6-anchors", "reduced"),
-                     ("rgp-head-cifar10", "reduced"), ("gep1-cifar10", "cpu-long"),
+                     ("rgp-head-cifar10", "reduced"), ("gep-cadence", "paper"),
+                     ("gep1-cifar10", "cpu-long"),
                      ("gep1-cifar10", "paper")]  # fmt: skip
     long = [j for j in jobs if j.setting == "cpu-long"]
     assert {j.variant for j in long} == {"tune"} and len(long) == 36  # picks: after tuning
