@@ -4,13 +4,15 @@ plan, the ledger).
 
 The epsilon of a run resumed from a checkpoint is the ledger reloaded there (its RDP curve
 summed per phase, not per step: the last digits differ), so a run matches if it matches
-without a resume or with one at one of its checkpoints.
+without a resume, or with one at one of its periodic checkpoints or at a step its train.log
+says it was resumed at (a run stopped by a signal checkpoints where it stands).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 
 from dpsub.config import validate
 from dpsub.mechanisms import build_mechanism
@@ -47,6 +49,13 @@ def _ledger_epsilon(acct, steps: int, resume_at: int | None) -> float:
     return ledger.epsilon()
 
 
+def resumed_at(run: RunDir) -> list[int]:
+    """The steps a run's train.log says it was resumed at."""
+    log = run.file("train.log")
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return [int(m) for m in re.findall(r"\bresumed \S+ at step (\d+)", text)]
+
+
 def check_run(run: RunDir, cache: dict) -> str | None:
     """None if the run's z and epsilon reproduce exactly, else why not; 'skip: ...' if its
     data is not on this machine."""
@@ -79,6 +88,6 @@ def check_run(run: RunDir, cache: dict) -> str | None:
     if acct.policy != "planned":
         return None  # measured noise: the multiplier each step drew is not in the config
     every = s.train.checkpoint_every or steps
-    resumes = [None, *range(every, summary["steps"], every)]
+    resumes = [None, *range(every, summary["steps"], every), *resumed_at(run)]
     got = [_ledger_epsilon(acct, summary["steps"], r) for r in resumes]
     return None if summary["epsilon"] in got else f"epsilon {got[0]!r} != {summary['epsilon']!r}"
