@@ -230,7 +230,17 @@ def expand(paths: list[Path], marker: str = SUMMARY) -> list[RunDir]:
 
 
 #: Config keys that do not make two runs different settings (seed: the groups are over seeds).
-NOT_A_SETTING = ("seed", "out_dir", "run_name", "data.", "logger.", "hydra.", "resume", "device")
+NOT_A_SETTING = (
+    "seed",
+    "out_dir",
+    "run_name",
+    "data.",
+    "logger.",
+    "hydra.",
+    "resume",
+    "device",
+    "features.cache_dir",
+)  # where, not what
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
