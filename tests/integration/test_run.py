@@ -211,6 +211,9 @@ def test_a_key_added_later_and_left_off_is_not_a_change():
     assert changed_keys(saved, {**saved, "train": {"epochs": 1, "amp": None}}) == []
     assert changed_keys(saved, {**saved, "train": {"epochs": 1, "flag": False}}) == []
     assert changed_keys(saved, {**saved, "train": {"epochs": 1, "amp": "bf16"}}) == ["train.amp"]
+    # a config group added later at its "none" option (features), or turned on
+    assert changed_keys(saved, {**saved, "features": {"name": "none"}}) == []
+    assert changed_keys(saved, {**saved, "features": {"name": "scatternet"}}) == ["features.name"]
     assert changed_keys(saved, {"train": {"epochs": 1}, "privacy": {}}) == ["privacy.epsilon"]
     assert changed_keys({"privacy": {"epsilon": None}}, {"privacy": {"epsilon": 0}}) == [
         "privacy.epsilon"

@@ -143,9 +143,9 @@ _OFF = (None, False)
 
 
 def _same(x: Any, y: Any) -> bool:
-    if x is _ABSENT or y is _ABSENT:
+    if x is _ABSENT or y is _ABSENT:  # a key added later, left at its "off" default
         other = y if x is _ABSENT else x
-        return other is _ABSENT or any(other is off for off in _OFF)
+        return other is _ABSENT or any(other is off for off in _OFF) or other == "none"
     return x == y
 
 
@@ -154,7 +154,8 @@ _ABSENT = object()
 
 def changed_keys(saved: dict, new: dict) -> list[str]:
     """Keys whose values differ between two resolved configs and that a resume may not change
-    (a key missing on one side equals null/false on the other: added later, left off)."""
+    (a key missing on one side equals null/false/"none" on the other: added later, left off,
+    like ``features.name: none`` in a run made before the features group existed)."""
     a, b = _flatten(saved), _flatten(new)
     return sorted(
         k
