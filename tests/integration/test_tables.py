@@ -9,6 +9,7 @@ import re
 import subprocess
 
 import pytest
+from omegaconf import OmegaConf
 
 from dpsub import tables
 from dpsub.config import validate
@@ -90,8 +91,10 @@ def test_axis_cells_set_what_they_name():
     t6 = tables.load_table("gep6-anchors")
     for cell in t6.cells("paper"):
         assert compose_cfg(*t6.overrides_of(cell, "paper")).aux.num_samples == cell["m"]
-    for cell in t6.cells("cpu"):  # the reduced setting runs m / 4 anchors
-        assert compose_cfg(*t6.overrides_of(cell, "cpu")).aux.num_samples == cell["m"] // 4
+    for setting in ("cpu", "reduced"):  # the CPU settings run m / 4 anchors
+        for cell in t6.cells(setting):
+            cfg = compose_cfg(*t6.overrides_of(cell, setting))
+            assert cfg.aux.num_samples == cell["m"] // 4
     fig = tables.load_table("gep-fig6-mnist")
     for cell in fig.cells("cpu"):
         assert compose_cfg(*fig.overrides_of(cell, "cpu")).mechanism.num_bases == cell["k"]
@@ -354,3 +357,12 @@ def test_a_finished_run_whose_config_moved_is_stale_set_aside_and_run_again(tmp_
     assert states[d] == "todo" and not d.exists()  # runs again
     kept = list((tmp_path / ".stale" / "tuned").glob("mechanism=dpsgd,seed=0@*/summary.json"))
     assert len(kept) == 1  # nothing lost
+
+
+def test_table6_m2000_reduced_is_table5_imagenet_reduced():
+    """The reduced Table 6's m = 2000 cell reuses Table 5's ImageNet row: the two configs must
+    be one run (reproduce.py links a finished run whose config equals a job's)."""
+    t5, t6 = tables.load_table("gep5-aux"), tables.load_table("gep6-anchors")
+    a = compose_cfg(*t5.overrides_of({"mechanism": "gep", "aux": "imagenet_random"}, "reduced"))
+    b = compose_cfg(*t6.overrides_of({"mechanism": "gep", "m": 2000}, "reduced"))
+    assert OmegaConf.to_container(a) == OmegaConf.to_container(b)
