@@ -108,20 +108,23 @@ def test_every_step_fits_one_command():
     assert runner.grace_s < runner.min_cell_s < kit.BOUNDS["cells"]
 
 
-def planned_carry() -> list[tuple[str, int]]:
+def planned_carry(tmp_path: Path) -> list[tuple[str, int]]:
     """What a GPU command carries: the tree, the staging of cifar10 + aux, one cell's checkpoint."""
     tree = stage.carry_list(REPO, carried=())
     items = [(str(p), n) for p, n in tree]
     if (SHARED / "device" / "wheels").is_dir():
         items += [(str(w), w.stat().st_size) for w in (SHARED / "device/wheels").glob("*.whl")]
-        items.append(("aux", (SHARED / "data" / stage.AUX_FILE).stat().st_size))
+        packed = tmp_path / stage.PACKED_AUX
+        items.append(
+            ("aux packed", stage.pack_aux(SHARED / "data" / stage.AUX_FILE, packed)["bytes"])
+        )
     # an in-progress cell: ResNet20's weights and momentum (float32), ledger, logs: < 4 MiB
     items.append(("cell checkpoint", 4 * stage.MiB))
     return items
 
 
 def test_carry_list_fits_64_mib(tmp_path):
-    items = planned_carry()
+    items = planned_carry(tmp_path)
     if (SHARED / "data" / "cifar10_jpeg" / "cifar10_jpeg.npz").is_file():
         dest = tmp_path / stage.PACKED_CIFAR
         stage.pack_cifar10(SHARED / "data/cifar10_jpeg/cifar10_jpeg.npz", dest)
@@ -130,6 +133,8 @@ def test_carry_list_fits_64_mib(tmp_path):
     assert total <= stage.CARRY_LIMIT, f"{total / stage.MiB:.1f} MiB would travel"
     tracked = {str(p) for p in stage.git_files(REPO)}
     assert str(REPO / "pyproject.toml") in tracked and not any("/.gpu/" in p for p in tracked)
+    ignored = subprocess.run(["git", "check-ignore", "-q", ".gpu/data/aux_packed.npz"], cwd=REPO)
+    assert ignored.returncode == 0, ".gpu/ must be git-ignored, or the staging travels twice"
 
 
 def fake_jpegs(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -157,6 +162,23 @@ def test_cifar10_pack_is_lossless(tmp_path):
     np.savez(tmp_path / "bad.npz", **z)
     with pytest.raises(stage.StageError, match="SHA-256"):
         stage.unpack_cifar10(tmp_path / "bad.npz", tmp_path / "u2.npz")
+
+
+def test_aux_pack_is_lossless(tmp_path):
+    """The auxiliary images travel as lossless WebP; a flipped bit is caught by the SHA-256."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (6, 32, 32, 3), dtype=np.uint8)
+    images[:3] = np.sort(images[:3], axis=2)  # smooth ones too, which WebP predicts
+    np.savez(tmp_path / "aux.npz", images=images)
+    info = stage.pack_aux(tmp_path / "aux.npz", tmp_path / "p.npz")
+    assert info["images"] == 6
+    back = np.load(stage.unpack_aux(tmp_path / "p.npz", tmp_path / "u" / "aux.npz"))["images"]
+    assert back.dtype == np.uint8 and np.array_equal(back, images)
+    z = dict(np.load(tmp_path / "p.npz"))
+    z["sha256"] = np.array("0" * 64)  # a pack whose images are not the ones it promises
+    np.savez(tmp_path / "bad.npz", **z)
+    with pytest.raises(stage.StageError, match="SHA-256"):
+        stage.unpack_aux(tmp_path / "bad.npz", tmp_path / "u2.npz")
 
 
 def test_stage_says_when_shared_is_missing(tmp_path):

@@ -30,7 +30,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpsub.gpu.stage import AUX_FILE, DECODER, GPU_DIR, PACKED_CIFAR, StageError, unpack_cifar10
+from dpsub.gpu.stage import (
+    AUX_FILE,
+    DECODER,
+    GPU_DIR,
+    PACKED_AUX,
+    PACKED_CIFAR,
+    StageError,
+    unpack_aux,
+    unpack_cifar10,
+)  # fmt: skip
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS = ("check", "smoke", "bench", "cells")
@@ -197,12 +206,11 @@ def ensure_data(kit: Kit) -> Path:
         if r.returncode != 0:
             raise StageError(f"check: decoding CIFAR-10 failed: {r.stderr.strip()[-300:]}")
     if not (root / AUX_FILE).is_file():
-        if not (gpu / AUX_FILE).is_file():
+        if not (gpu / PACKED_AUX).is_file():
             raise StageError(
-                f"check: auxiliary images not found: {root / AUX_FILE}, {gpu / AUX_FILE}"
+                f"check: auxiliary images not found: {root / AUX_FILE}, {gpu / PACKED_AUX}"
             )
-        (root / AUX_FILE).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(gpu / AUX_FILE, root / AUX_FILE)
+        unpack_aux(gpu / PACKED_AUX, root / AUX_FILE)
     return root
 
 

@@ -7,8 +7,10 @@ in all. They have torch but not hydra-core, omegaconf or opacus, and no network.
 needed on a user's machine, where the real datasets sit under ``data.root``):
 
 * ``wheels/``: the pure-Python wheels the machine lacks (from ``shared/device/wheels``);
-* ``data/aux/tinyimagenet_val_32x32.npz``: GEP's auxiliary images, the same file the CPU
-  runs read (so a GPU cell draws the same anchors as a CPU cell of the same config);
+* ``data/aux_packed.npz``: GEP's auxiliary images, the same 10,000 images the CPU runs read
+  (so a GPU cell draws the same anchors as a CPU cell of the same config), each stored as a
+  *lossless* WebP: 27 MiB become about 18 MiB; :func:`unpack_aux` rebuilds the very same
+  array (checked against its SHA-256) at ``<data root>/aux/tinyimagenet_val_32x32.npz``;
 * ``data/cifar10_jpeg_packed.npz``: the JPEG copy of CIFAR-10, repacked *losslessly*: every
   one of its 60,000 files starts with the same 623 header bytes, which are stored once.
   53 MiB become about 17 MiB; :func:`unpack_cifar10` rebuilds the very same bytes (checked
@@ -19,6 +21,7 @@ needed on a user's machine, where the real datasets sit under ``data.root``):
 from __future__ import annotations
 
 import hashlib
+import io
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ GPU_DIR = ".gpu"
 WHEELS = ("hydra_core", "omegaconf", "antlr4_python3_runtime", "opacus")
 AUX_FILE = Path("aux") / "tinyimagenet_val_32x32.npz"
 PACKED_CIFAR = "cifar10_jpeg_packed.npz"
+PACKED_AUX = "aux_packed.npz"
 DECODER = "make_cifar10_batches.py"
 SPLITS = ("train", "test")
 
@@ -123,6 +127,50 @@ def unpack_cifar10(packed: Path, dest: Path) -> Path:
     return dest
 
 
+# -------------------------------------------------------------- auxiliary pack
+def pack_aux(src: Path, dest: Path) -> dict:
+    """Write ``dest``: the (n, H, W, 3) uint8 ``images`` of ``src``, each a lossless WebP."""
+    from PIL import Image
+
+    images = np.load(src)["images"]
+    blobs = []
+    for im in images:
+        buf = io.BytesIO()
+        Image.fromarray(im).save(buf, "WEBP", lossless=True, quality=0, method=4)  # 5 s, smallest
+        blobs.append(buf.getvalue())
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(
+        dest, webp=np.frombuffer(b"".join(blobs), np.uint8),
+        offsets=np.cumsum([0] + [len(b) for b in blobs]).astype(np.int64),
+        shape=np.array(images.shape), sha256=np.array(_sha(images)),
+    )  # fmt: skip
+    return {"images": len(images), "bytes": dest.stat().st_size}
+
+
+def unpack_aux(packed: Path, dest: Path) -> Path:
+    """Rebuild the auxiliary images' npz at ``dest`` from ``packed`` (SHA-256 checked)."""
+    from PIL import Image
+
+    z = np.load(packed)
+    raw, off = z["webp"].tobytes(), z["offsets"]
+    try:
+        images = np.stack([
+            np.asarray(Image.open(io.BytesIO(raw[off[i] : off[i + 1]])).convert("RGB"))
+            for i in range(len(off) - 1)
+        ]).reshape(tuple(z["shape"]))  # fmt: skip
+    except OSError as e:  # a Pillow without WebP
+        raise StageError(f"{packed}: cannot decode its WebP images ({e})") from e
+    if _sha(images) != str(z["sha256"]):
+        raise StageError(f"{packed}: the rebuilt auxiliary images do not match their SHA-256")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(dest, images=images)
+    return dest
+
+
+def _sha(images: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(images, np.uint8).tobytes()).hexdigest()
+
+
 # ---------------------------------------------------------------------- stage
 @dataclass
 class Staged:
@@ -146,7 +194,6 @@ def stage(root: Path, shared: Path | None = None, datasets: tuple[str, ...] = ("
     """Fill ``root/.gpu`` (keeping ``cells/``) with wheels and ``datasets``; say what is missing."""
     sh = find_shared(root, shared)
     gpu = root / GPU_DIR
-    _ignore(root)
     for sub in ("wheels", "data"):
         shutil.rmtree(gpu / sub, ignore_errors=True)
     done: list[Path] = []
@@ -155,9 +202,9 @@ def stage(root: Path, shared: Path | None = None, datasets: tuple[str, ...] = ("
     data = sh / "data"
     for name in datasets:
         if name == "aux":
-            src = data / AUX_FILE
-            _need(src)
-            done.append(Path(shutil.copy2(src, _mk((gpu / "data" / AUX_FILE).parent))))
+            _need(data / AUX_FILE)
+            pack_aux(data / AUX_FILE, gpu / "data" / PACKED_AUX)
+            done.append(gpu / "data" / PACKED_AUX)
         elif name == "cifar10":
             src = data / "cifar10_jpeg" / "cifar10_jpeg.npz"
             _need(src)
@@ -178,12 +225,3 @@ def _need(path: Path) -> None:
 def _mk(d: Path) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     return d
-
-
-def _ignore(root: Path) -> None:
-    """``.gpu/`` is never committed: add it to ``.git/info/exclude``."""
-    exclude = root / ".git" / "info" / "exclude"
-    if exclude.parent.is_dir():
-        lines = exclude.read_text().splitlines() if exclude.exists() else []
-        if f"/{GPU_DIR}/" not in lines:
-            exclude.write_text("\n".join([*lines, f"/{GPU_DIR}/"]) + "\n")
