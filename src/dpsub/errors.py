@@ -21,6 +21,10 @@ class ResumeError(ConfigError):
     """A resume that cannot continue the run it names (no checkpoint, changed settings)."""
 
 
+class RunDirInUse(ResumeError):
+    """Another process holds the run dir's lock: it is training that run (a sweep skips it)."""
+
+
 class DataError(Exception):
     """A data file is missing, truncated or malformed; the message names the file."""
 

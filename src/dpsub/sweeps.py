@@ -29,7 +29,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from dpsub.errors import ConfigError, DataError, exit_code
+from dpsub.errors import ConfigError, DataError, RunDirInUse, exit_code
 from dpsub.runs import CHECKPOINT, SUMMARY
 
 FAILED = "failed_jobs.jsonl"
@@ -106,6 +106,9 @@ def run_job(cfg: DictConfig, run_dir: Path, train_fn, name: str) -> float:
         return float(values.get("test_accuracy", values.get("validation_accuracy", math.nan)))
     try:
         return train_fn(cfg, run_dir, (run_dir / CHECKPOINT).is_file())
+    except RunDirInUse as e:  # two sweeps over one table: the holder trains it, not a failure
+        log.warning("%s: skipped, %s", name, str(e).split(";")[0].split(": ", 1)[-1])
+        return math.nan
     except Exception as e:  # noqa: BLE001 -- recorded; the sweep goes on with the others
         code = exit_code(e)
         msg = str(e) if code is not None else traceback.format_exc()

@@ -70,8 +70,6 @@ def screen(raw: str) -> list[str]:
     return [ln for ln in lines if ln]
 
 
-# slow (15 s: a pseudo-terminal run); make test-all runs it
-@pytest.mark.slow
 def test_progress_bar_in_a_terminal_prints_each_log_line_once_above_the_bar(tmp_path):
     """Issue 19.2: Hydra's root console handler printed every line a second time, glued
     to the bar (``eps=1.895][01:34:19][INFO] step 4/12 ...``)."""

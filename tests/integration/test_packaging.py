@@ -94,8 +94,6 @@ def test_conf_dir_in_a_checkout_is_the_repository_conf() -> None:
     assert conf_dir() == REPO / "conf"
 
 
-# slow: the next test trains with the installed dpsub-train too; make test-all runs it
-@pytest.mark.slow
 def test_installed_dpsub_train_runs_from_another_directory(installed: Path, tmp_path: Path) -> None:
     """The README's first command, from the wheel: the console script trains and prints epsilon."""
     script = installed.parent / "dpsub-train"

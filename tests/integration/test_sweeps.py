@@ -69,3 +69,23 @@ def test_continuing_a_sweep_refuses_overrides_that_change_its_runs(tmp_path):
     proc = run_cli(f"resume={sweep}", "privacy.epsilon=9", check=False, timeout=120)
     assert proc.returncode == 2 and "privacy.epsilon=9" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_job_another_process_is_training_is_skipped_not_recorded_failed(tmp_path, caplog):
+    """Two sweeps over one table (two lanes): the job the other holds is left to it, with a
+    warning; it is not a failure (no failed-jobs record, no ERROR line)."""
+    from dpsub import sweeps
+    from dpsub.training.checkpoint import lock_run_dir
+
+    run_dir = tmp_path / "job"
+    run_dir.mkdir()
+    release = lock_run_dir(run_dir, "out_dir")  # the other lane's training process
+    try:
+        with caplog.at_level("INFO", logger=sweeps.log.name):
+            got = sweeps.run_job(None, run_dir, lambda c, d, r: lock_run_dir(d, "out_dir"), "j")
+    finally:
+        release()
+    assert got != got  # nan: no accuracy
+    assert not list(tmp_path.rglob(sweeps.FAILED))
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "in use by another process" in caplog.records[0].getMessage()

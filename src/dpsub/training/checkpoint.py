@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpsub.errors import ConfigError, ResumeError
+from dpsub.errors import ResumeError, RunDirInUse
 from dpsub.runs import CHECKPOINT
 
 if TYPE_CHECKING:  # torch and the accountant are imported where used: resume checks stay light
@@ -76,9 +76,9 @@ def save_checkpoint(run_dir: Path, state: dict) -> Path:
 def lock_run_dir(run_dir: Path, key: str) -> Callable[[], None]:
     """Take the run dir's exclusive lock for this process; returns the function that frees it.
 
-    ``key`` (``out_dir`` or ``resume``) starts the error's one line (ConfigError: exit 2)
-    when another process holds the lock. Where ``fcntl`` does not exist (Windows) there
-    is no lock.
+    ``key`` (``out_dir`` or ``resume``) starts the error's one line (RunDirInUse, a
+    ConfigError: exit 2) when another process holds the lock. Where ``fcntl`` does not
+    exist (Windows) there is no lock.
     """
     try:
         import fcntl
@@ -90,8 +90,7 @@ def lock_run_dir(run_dir: Path, key: str) -> Callable[[], None]:
     except OSError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        error = ResumeError if key == "resume" else ConfigError
-        raise error(
+        raise RunDirInUse(
             f"{key}: {run_dir} is in use by another process (pid {holder}); wait for it to "
             "end or stop it, then try again"
         ) from None
