@@ -19,5 +19,8 @@ GEP = (*DPSGD, "mechanism=gep", "aux=gaussian", "aux.num_samples=30", "mechanism
 def torchrun(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     _, env = cli_command()
     env = {**env, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *args]
+    # --standalone: a free port on localhost, so two suites (or a leftover rank) never collide
+    # on torchrun's fixed default port 29500
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           *args]  # fmt: skip
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)

@@ -25,6 +25,7 @@ collective has a timeout (``DPSUB_DIST_TIMEOUT_S``, default 600 s) so nothing ha
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from dataclasses import dataclass
 
@@ -87,10 +88,16 @@ class Dist:
         return out
 
     def shutdown(self) -> None:
-        """Leave the process group together: a rank that exits alone can abort the others."""
+        """Leave the process group together: a rank that exits alone can abort the others.
+
+        The collections free, before the group goes, the cycles that still hold its tensors:
+        left to the interpreter's teardown, they abort gloo (``terminate called without an
+        active exception``, exit -6) in about one run in four (torch 2.15, CPU)."""
         if self.active and tdist.is_initialized():
+            gc.collect()
             tdist.barrier()
             tdist.destroy_process_group()
+            gc.collect()
 
     def shard(self, idx: Tensor) -> Tensor:
         """This rank's share of a batch's indices."""
