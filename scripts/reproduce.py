@@ -115,10 +115,15 @@ def plan(args, table: tables.Table) -> tuple[list[tables.Job], list[tables.Job],
             table, args.setting, args.out, "tuned",
             picks={c: p["overrides"] for c, p in picks.items()}, **kw,
         )  # fmt: skip
+    return only(args, jobs), only(args, tuned), picks
+
+
+def only(args, jobs: list[tables.Job]) -> list[tables.Job]:
+    """The jobs that ``--only KEY=V[,V...]`` keeps."""
     keep = lambda j: all(  # noqa: E731
         str({**j.cell, "seed": j.seed}.get(k)) in v.split(",") for k, v in args.only
     )
-    return [j for j in jobs if keep(j)], [j for j in tuned if keep(j)], picks
+    return [j for j in jobs if keep(j)]
 
 
 def compose_all(jobs: list[tables.Job]) -> dict[Path, DictConfig]:
@@ -373,17 +378,19 @@ def print_grid(rows, states, gpu_factor: float) -> None:
 
 
 def dry_run(args, table, jobs, tuned, picks) -> None:
-    if args.tune and not tuned:  # the tuned jobs' cost: the paper hyper-parameters stand in
-        tuned = tables.plan_jobs(
+    waiting = []
+    if args.tune:  # cells still tuning: their picks' cost, the paper hyper-parameters standing in
+        every = tables.plan_jobs(
             table, args.setting, args.out, "tuned", extra=args.extra,
             passthrough=args.passthrough, picks={tables.cell_id(c): [] for c in table.cells(args.setting)},
         )  # fmt: skip
-    all_jobs = jobs + tuned
+        picked = {j.dir for j in tuned}
+        waiting = [j for j in only(args, every) if j.dir not in picked]
+    all_jobs = jobs + tuned + waiting
     cfgs = compose_all(all_jobs)
     done = finished_runs(args.out) + finished_runs(COMMITTED)
-    states = {j.dir: status(j, cfgs[j.dir], done) for j in jobs}
-    for j in tuned:
-        states[j.dir] = status(j, cfgs[j.dir], done) if picks else "after tuning"
+    states = {j.dir: status(j, cfgs[j.dir], done) for j in jobs + tuned}
+    states.update({j.dir: "after tuning" for j in waiting})
     setting = table.setting(args.setting)
     say(f"# {table.title}: setting {args.setting} ({setting.note})")
     if args.extra:

@@ -366,3 +366,23 @@ def test_table6_m2000_reduced_is_table5_imagenet_reduced():
     a = compose_cfg(*t5.overrides_of({"mechanism": "gep", "aux": "imagenet_random"}, "reduced"))
     b = compose_cfg(*t6.overrides_of({"mechanism": "gep", "m": 2000}, "reduced"))
     assert OmegaConf.to_container(a) == OmegaConf.to_container(b)
+
+
+def test_dry_run_counts_every_pick_while_some_cells_still_tune(tmp_path):
+    """One cell's tuning finished (its picks are planned), the others' not: the dry run must
+    still list and count every cell's picks (it once dropped all but the picked cells')."""
+    t = tables.load_table("gep1-mnist")
+    tune = tables.plan_jobs(t, "cpu", tmp_path, "tune")
+    cell = [j for j in tune if j.cell["mechanism"] == "dpsgd"]
+    for j, acc in zip(cell, itertools.cycle([0.5, 0.9, 0.6]), strict=False):
+        j.dir.mkdir(parents=True)
+        OmegaConf.save(compose_cfg(*j.hydra_overrides()), j.dir / "config.yaml")
+        (j.dir / "summary.json").write_text(json.dumps({"validation_accuracy": acc}))
+    assert list(tables.pick_best(t, tune)) == ["mechanism=dpsgd,epsilon=2"]
+    proc = script("reproduce", "gep1-mnist", "--setting", "cpu", "--tune", "--skip-paper",
+                  "--out", tmp_path, "--dry-run", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| tuned |")]
+    assert len(rows) == 3 * 3, rows  # mechanisms x seeds
+    waiting = [r for r in rows if "| after tuning |" in r]
+    assert len(waiting) == 2 * 3 and not any("dpsgd" in r for r in waiting)
