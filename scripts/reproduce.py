@@ -377,7 +377,7 @@ def print_grid(rows, states, gpu_factor: float) -> None:
     )
 
 
-def dry_run(args, table, jobs, tuned, picks) -> None:
+def dry_run(args, table, jobs, tuned) -> None:
     waiting = []
     if args.tune:  # cells still tuning: their picks' cost, the paper hyper-parameters standing in
         every = tables.plan_jobs(
@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         table.setting(args.setting)
         jobs, tuned, picks = plan(args, table)
         if args.dry_run:
-            dry_run(args, table, jobs, tuned, picks)
+            dry_run(args, table, jobs, tuned)
             return 0
         compose_all(jobs + tuned)  # every config valid before anything is written
     except ConfigError as e:

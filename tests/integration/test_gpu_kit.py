@@ -165,7 +165,7 @@ def test_cifar10_pack_is_lossless(tmp_path):
 
 
 def test_aux_pack_is_lossless(tmp_path):
-    """The auxiliary images travel as lossless WebP; a flipped bit is caught by the SHA-256."""
+    """The auxiliary images travel as lossless WebP; a pack whose SHA-256 disagrees is refused."""
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (6, 32, 32, 3), dtype=np.uint8)
     images[:3] = np.sort(images[:3], axis=2)  # smooth ones too, which WebP predicts

@@ -12,8 +12,8 @@ needed on a user's machine, where the real datasets sit under ``data.root``):
   *lossless* WebP: 27 MiB become about 18 MiB; :func:`unpack_aux` rebuilds the very same
   array (checked against its SHA-256) at ``<data root>/aux/tinyimagenet_val_32x32.npz``;
 * ``data/cifar10_jpeg_packed.npz``: the JPEG copy of CIFAR-10, repacked *losslessly*: every
-  one of its 60,000 files starts with the same 623 header bytes, which are stored once.
-  53 MiB become about 17 MiB; :func:`unpack_cifar10` rebuilds the very same bytes (checked
+  one of its 60,000 files starts with the same 585 header bytes, which are stored once.
+  53 MiB become about 20 MiB; :func:`unpack_cifar10` rebuilds the very same bytes (checked
   against their SHA-256) and the shared decoder writes ``cifar-10-batches-py/`` from them;
 * ``cells/``: table cells in progress (their checkpoints), put there by ``--harvest``.
 """
