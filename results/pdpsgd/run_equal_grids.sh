@@ -2,7 +2,7 @@
 # The PDP-SGD study re-made with EQUAL grids (issue 27): per dataset, the tables
 # conf/paper/pdpsgd-{mnist,fmnist}.yaml with --tune --skip-paper: every mechanism x sigma tuned
 # on the same learning rates on a validation split (MNIST: 10 lrs, 120 runs, the grid extended
-# to 10 after RPDP-SGD's best sat at 1.0; Fashion-MNIST: 7 lrs, 84 runs), then the picks at 3
+# to 10 after RPDP-SGD's best sat at 1.0; Fashion-MNIST: the same 10, 120 runs), then the picks at 3
 # seeds on the test set (36 runs per dataset). One job at a time, niced, single-threaded (a
 # shared 2-core machine). Two lanes may run at once (`--only mechanism=X --only sigma=Y`, one
 # cell per lane): a finished job is skipped and a job locked by the other lane is left to it.
