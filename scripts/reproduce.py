@@ -60,6 +60,7 @@ except ImportError:  # a checkout without the package installed
 from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
 from dpsub import runs, tables  # noqa: E402
+from dpsub.data.names import published_train_size  # noqa: E402
 from dpsub.errors import ConfigError, DataError  # noqa: E402
 from dpsub.paths import conf_dir, project_root  # noqa: E402
 
@@ -263,7 +264,13 @@ def train_size(cfg: DictConfig, cache: dict) -> int | str:
             _, data = private_data(validate(cfg))  # what build_run trains on
             cache[key] = int(data.train_y.shape[0])
         except DataError as e:
-            cache[key] = str(e).splitlines()[0]
+            c = OmegaConf.to_container(cfg, resolve=True)
+            n = published_train_size(c["dataset"], c["aux"])
+            cache[key] = str(e).splitlines()[0] if n is None else n
+            if n is not None and cfg.dataset.name not in cache.setdefault("said", set()):
+                cache["said"].add(cfg.dataset.name)
+                say(f"# {cfg.dataset.name} not found under data.root: N from its published "
+                    f"size ({n} after carve-outs); point data.root at it for the exact N")  # fmt: skip
     return cache[key]
 
 

@@ -206,11 +206,12 @@ def test_pick_best_is_the_best_validation_accuracy_first_on_ties(tmp_path):
 # --------------------------------------------------------- tiny real runs
 
 
-def test_dry_run_without_time_measures_nothing_and_says_why_a_cost_is_missing(tmp_path):
+@pytest.mark.parametrize("dataset", ["mnist", "cifar10_subset"])
+def test_dry_run_without_time_measures_nothing_and_says_why_a_cost_is_missing(tmp_path, dataset):
     spec = tmp_path / "tiny.yaml"
-    spec.write_text(TINY.replace("experiment: demo", "experiment: demo\n# mnist: no data here"))
+    spec.write_text(TINY.replace("experiment: demo", "experiment: demo\n# no data here"))
     proc = script("reproduce", spec, "--setting", "tiny", "--out", tmp_path / "out", "--dry-run",
-                  "dataset=mnist", "data.root=" + str(tmp_path / "nodata"), cwd=tmp_path)  # fmt: skip
+                  f"dataset={dataset}", "data.root=" + str(tmp_path / "nodata"), cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "timing" not in out.lower().replace("--time", "")  # nothing was timed
@@ -219,7 +220,11 @@ def test_dry_run_without_time_measures_nothing_and_says_why_a_cost_is_missing(tm
     assert len(rows) == 4 and all(r.endswith("? [1] | ? |") for r in rows)
     assert "NO GPU MEASURED" in out and "--gpu-speedup" in out
     reason = next(line for line in out.splitlines() if line.startswith("[1] "))
-    assert "mnist" in reason.lower() and "not found" in reason
+    if dataset == "mnist":  # absent, but its published size gives N and so the steps
+        assert "mnist not found under data.root: N from its published size (60000" in out
+        assert all("| 60000 |" in r for r in rows) and "no step time" in reason
+    else:  # no published size: N and the cost are unknown, and the reason says why
+        assert "not found" in reason and all(" | ? | ? | ? [1]" in r for r in rows)
     assert not (tmp_path / "out").exists()
 
 

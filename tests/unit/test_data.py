@@ -17,6 +17,7 @@ import torchvision
 
 from dpsub.data import LOADERS, DatasetBundle, DatasetNotFoundError, load_dataset
 from dpsub.data.datasets import _subset_indices
+from dpsub.data.names import PUBLISHED_SIZES, published_train_size
 from dpsub.data.subsets import NotEnoughExamples, balanced_pick
 from dpsub.errors import DataError
 
@@ -128,6 +129,19 @@ def test_use_extra_only_for_svhn() -> None:
         load_dataset("digits", root="unused", use_extra=True)
 
 
+def test_published_train_size_takes_out_the_carve_outs() -> None:
+    """Cost estimates without the data (reproduce.py --dry-run): N from the release's size."""
+    none = {"name": "none"}
+    assert published_train_size({"name": "cifar10"}, none) == 50_000
+    assert published_train_size({"name": "cifar10", "validation_size": 5000}, none) == 45_000
+    aux = {"name": "public_train", "num_samples": 2000}
+    assert published_train_size({"name": "mnist", "validation_size": 1000}, aux) == 57_000
+    held_out = {"name": "heldout_test", "num_samples": 2000}  # taken from the test split
+    assert published_train_size({"name": "cifar10"}, held_out) == 50_000
+    assert published_train_size({"name": "svhn", "use_extra": True}, none) == 604_388
+    assert published_train_size({"name": "cifar10_subset"}, none) is None
+
+
 # ------------------------------------------------------------- shared real data
 
 
@@ -135,6 +149,7 @@ def test_mnist() -> None:
     root = _require("MNIST", "raw")
     d = load_dataset("mnist", root=root)
     assert d.train_x.shape == (60000, 1, 28, 28) and d.test_x.shape == (10000, 1, 28, 28)
+    assert PUBLISHED_SIZES["mnist"] == (len(d.train_y), len(d.test_y))
     assert torch.bincount(d.train_y)[0].item() == 5923
     assert torch.bincount(d.test_y)[1].item() == 1135
     assert d.mean == (0.1307,) and d.std == (0.3081,)
@@ -148,6 +163,7 @@ def test_fashion_mnist() -> None:
     root = _require("FashionMNIST", "raw")
     d = load_dataset("fashion_mnist", root=root)
     assert d.train_x.shape == (60000, 1, 28, 28) and d.test_x.shape == (10000, 1, 28, 28)
+    assert PUBLISHED_SIZES["fashion_mnist"] == (len(d.train_y), len(d.test_y))
     assert torch.bincount(d.train_y).tolist() == [6000] * 10
     assert torch.bincount(d.test_y).tolist() == [1000] * 10
     assert d.classes is not None and d.classes[0] == "T-shirt/top"
