@@ -21,10 +21,11 @@ picks on the test set with every seed (variant ``tuned``). The tuning runs' priv
 is not counted (as in the papers).
 
 ``--dry-run`` prints every job with its status, N, steps and estimated time, where the runs
-go, and a one-line reason for every cost it cannot give (missing data, no step time), in
-seconds: step times come from an earlier ``--time`` on this machine (cached in
-``<out>/.step_times.json``) or from the steps_per_s that finished runs of the same setting
-recorded (under ``<out>`` and ``results/tables``). ``--dry-run --time`` measures the missing
+go, and a one-line reason for every cost it cannot give (no step time; missing data of a
+dataset without a published size), in seconds (:mod:`dpsub.costs`): step times come from
+an earlier ``--time`` on this machine (cached in ``<out>/.step_times.json``) or from the
+steps_per_s that finished runs of the same setting recorded (under ``<out>`` and
+``results/tables``). ``--dry-run --time`` measures the missing
 ones: a couple of steps of each distinct setting (dataset shape, model, mechanism, batch,
 anchors) with the trainer's own ``build_run``/``train_step`` on synthetic data of the same
 shape (CPU time of one core). The GPU column is the CPU time divided by ``--gpu-speedup``
@@ -46,9 +47,7 @@ import json
 import logging
 import math
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,11 +56,10 @@ try:
 except ImportError:  # a checkout without the package installed
     sys.path.insert(0, str(ROOT / "src"))
 
-from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from dpsub import runs, tables  # noqa: E402
-from dpsub.data.names import published_train_size  # noqa: E402
-from dpsub.errors import ConfigError, DataError  # noqa: E402
+from dpsub import costs, runs, tables  # noqa: E402
+from dpsub.errors import ConfigError  # noqa: E402
 from dpsub.paths import conf_dir, project_root  # noqa: E402
 
 log = logging.getLogger("dpsub.reproduce")
@@ -69,7 +67,6 @@ CKPT = runs.CHECKPOINT
 COMMITTED = (
     project_root() / "results"
 )  # the runs committed with the repository (reused, never re-run)
-COMMITTED_TIMES = COMMITTED / "tables" / "step_times.json"  # step times measured and committed
 
 
 def say(msg: str) -> None:
@@ -179,182 +176,7 @@ def status(job: tables.Job, cfg: DictConfig, done: list[tuple[Path, dict]]) -> s
     return "todo"
 
 
-# --------------------------------------------------------------- timing
-def dataset_shape(cfg: DictConfig | dict) -> tuple[int, int]:
-    """(channels, size) of the configured dataset's images."""
-    d = cfg["dataset"]
-    if d["name"] == "synthetic":
-        return int(d["synthetic"]["channels"]), int(d["synthetic"]["size"])
-    if d["name"] == "digits":
-        return 1, int(d.get("image_size") or 28)
-    return (1, 28) if d["name"] in ("mnist", "fashion_mnist") else (3, 32)
-
-
-def timing_key(cfg: DictConfig | dict) -> str:
-    """What a step's cost depends on (not lr, epsilon, seed, clip thresholds); ``cfg``: a
-    composed config or a saved one's plain dict."""
-    c = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else cfg
-    mech = {k: v for k, v in c["mechanism"].items() if "clip" not in k}
-    return json.dumps(
-        {
-            "shape": dataset_shape(c), "model": c["model"], "mechanism": mech,
-            "batch": c["train"]["batch_size"], "grads": c["grads"], "device": c["device"],
-            "aux": c["aux"]["name"] != "none" and int(c["aux"]["num_samples"]),
-        },
-        sort_keys=True,
-    )  # fmt: skip
-
-
-def time_step(cfg: DictConfig, steps: int, warmup: int) -> float:
-    """Seconds of the trainer's step for ``cfg``'s setting, on synthetic data of the same
-    shape (a fixed full batch of B examples; noise multiplier fixed, no calibration): the
-    median over ``steps`` steps, or, for a subspace refitted every s > 1 steps, the mean over
-    max(steps, s) steps (one refit amortized). On a CPU, the process's CPU time (a step's
-    cost on an idle core, whatever else the machine runs); on a GPU, the synchronized wall
-    time."""
-    import torch
-
-    from dpsub.training.run import build_run, train_step
-
-    cfg = cfg.copy()
-    c, s = dataset_shape(cfg)
-    b = int(cfg.train.batch_size)
-    with open_dict(cfg):
-        cfg.dataset = {"name": "synthetic", "validation_size": None, "synthetic": {
-            "n_train": b, "n_test": 8, "channels": c, "size": s, "num_classes": 10, "seed": 0}}  # fmt: skip
-        if cfg.aux.name != "none":
-            m = int(cfg.aux.num_samples)
-            cfg.aux = {"name": "gaussian", "num_samples": m, "labels": "random_once", "seed": None}
-        cfg.privacy.noise_multiplier, cfg.privacy.epsilon = 1.0, 1e12
-        cfg.train.epochs, cfg.train.max_steps = 100000, None
-    run = build_run(cfg)
-    idx = torch.arange(b, device=run.device)
-    every = int(cfg.mechanism.get("subspace_every") or 1)
-    clock = time.perf_counter if run.device.type == "cuda" else time.process_time
-    times = []
-    for i in range(warmup + max(steps, every)):
-        t0 = clock()
-        train_step(run, idx=idx)
-        if run.device.type == "cuda":
-            torch.cuda.synchronize(run.device)
-        if i >= warmup:
-            times.append(clock() - t0)
-    return statistics.fmean(times) if every > 1 else statistics.median(times)
-
-
-def machine() -> str:
-    """The CPU (or GPU) name and torch's thread count: what a step time is valid for."""
-    import torch
-
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)}"
-    return f"{runs.cpu_name()} x{torch.get_num_threads()} threads"
-
-
-def train_size(cfg: DictConfig, cache: dict) -> int | str:
-    """N, the private training set of ``cfg`` (after aux and validation carve-outs), or a
-    one-line reason it is unknown (the data is missing)."""
-    from dpsub.config import validate
-    from dpsub.training.run import private_data
-
-    key = json.dumps(
-        [OmegaConf.to_container(cfg.dataset), OmegaConf.to_container(cfg.aux), cfg.seed]
-    )
-    if key not in cache:
-        try:
-            _, data = private_data(validate(cfg))  # what build_run trains on
-            cache[key] = int(data.train_y.shape[0])
-        except DataError as e:
-            c = OmegaConf.to_container(cfg, resolve=True)
-            n = published_train_size(c["dataset"], c["aux"])
-            cache[key] = str(e).splitlines()[0] if n is None else n
-            if n is not None and cfg.dataset.name not in cache.setdefault("said", set()):
-                cache["said"].add(cfg.dataset.name)
-                say(f"# {cfg.dataset.name} not found under data.root: N from its published "
-                    f"size ({n} after carve-outs); point data.root at it for the exact N")  # fmt: skip
-    return cache[key]
-
-
-def recorded_step_times(roots: list[Path], cfgs: dict[Path, DictConfig]) -> dict[str, float]:
-    """timing key -> seconds per step measured by finished runs under ``roots`` (their
-    summary.json's run-average steps_per_s, or older runs' per-window ones in metrics.jsonl,
-    median over runs): the dry run's default estimate."""
-    want = {timing_key(c) for c in cfgs.values()}
-    seen: dict[str, list[float]] = {}
-    for root in roots:
-        for run in runs.find_runs(root) if Path(root).is_dir() else []:
-            try:
-                key = timing_key(run.config_dict())
-                if key not in want:
-                    continue
-                rates = [r["steps_per_s"] for r in run.metrics() if r.get("steps_per_s")]
-                if run.summary_path.is_file():  # newer runs: the run average only
-                    rates += [json.loads(run.summary_path.read_text()).get("steps_per_s") or 0]
-                rates = [r for r in rates if r]
-            except Exception:  # noqa: BLE001 -- an old run's config may not compose: skip it
-                continue
-            if rates:
-                seen.setdefault(key, []).append(1 / statistics.median(rates))
-    return {k: statistics.median(v) for k, v in seen.items()}
-
-
-def load_step_times(args) -> tuple[dict, dict, str]:
-    """(cache, step times by timing key, the machine they are for). The cache is
-    ``<out>/.step_times.json`` (machine -> timing key -> s); where it lacks a key, the times
-    committed in ``results/tables/step_times.json`` fill in (this machine's, else the first
-    machine's, which the output then names)."""
-    cache_path = Path(args.out) / ".step_times.json"
-    cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
-    here = machine()
-    times, where = cache.setdefault(here, {}), here
-    if COMMITTED_TIMES.is_file() and not args.time:
-        committed = json.loads(COMMITTED_TIMES.read_text())
-        name = here if here in committed else next(iter(committed), None)
-        if name and not times:
-            where = f"{name} (committed: results/tables/step_times.json)"
-        if name:
-            times = {**committed[name], **times}
-    return cache, times, where
-
-
-def estimate(jobs, cfgs, args) -> tuple[list[dict], str]:
-    """Steps and estimated seconds of every job, and the machine the step times are for.
-    Step times: cached from an earlier --time (``<out>/.step_times.json``, this machine),
-    else committed (``results/tables/step_times.json``), else recorded by finished runs of
-    the same setting; measured only with --time."""
-    from dpsub.training.run import plan_steps
-
-    cache_path = Path(args.out) / ".step_times.json"
-    cache, times, where = load_step_times(args)
-    sizes, rows = {}, []
-    recorded = recorded_step_times([args.out, COMMITTED], cfgs)
-    for job in jobs:
-        cfg = cfgs[job.dir]
-        key = timing_key(cfg)
-        if key not in times and args.time:
-            say(f"  timing {job.variant}/{job.name} ({args.timing_steps} steps) ...")
-            times[key] = cache[machine()][key] = time_step(cfg, args.timing_steps, 1)
-            cache_path.parent.mkdir(parents=True, exist_ok=True)
-            cache_path.write_text(json.dumps(cache, indent=1))
-        step_s = times.get(key, recorded.get(key, math.nan))
-        n = train_size(cfg, sizes)
-        steps = plan_steps(cfg, n)[1] if isinstance(n, int) else None
-        why = "" if isinstance(n, int) else n
-        if not why and not math.isfinite(step_s):
-            why = "no step time cached or recorded for this setting (--time measures it)"
-        sec = steps * step_s if steps else math.nan
-        rows.append({"job": job, "steps": steps, "step_s": step_s, "sec": sec, "n": n, "why": why})
-    return rows, where
-
-
 # --------------------------------------------------------------- output
-def hms(sec: float) -> str:
-    if not math.isfinite(sec):
-        return "?"
-    h, rem = divmod(int(round(sec)), 3600)
-    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
-
-
 def print_grid(rows, states, gpu_factor: float) -> None:
     say("| variant | job | status | N | steps | s/step | est. CPU | est. GPU |")
     say("|---|---|---|---:|---:|---:|---:|---:|")
@@ -370,17 +192,17 @@ def print_grid(rows, states, gpu_factor: float) -> None:
         n = r["n"] if isinstance(r["n"], int) else "?"
         say(
             f"| {j.variant} | {j.name} | {st.split(':')[0]} | {n} | {r['steps'] or '?'} "
-            f"| {step} | {hms(r['sec'])}{note} |" + f" {hms(r['sec'] * gpu_factor)} |"
+            f"| {step} | {costs.hms(r['sec'])}{note} |" + f" {costs.hms(r['sec'] * gpu_factor)} |"
         )
     for why, i in reasons.items():
         say(f"[{i}] {why}")
     total = sum(r["sec"] for r in rows if math.isfinite(r["sec"]))
     unknown = sum(not math.isfinite(r["sec"]) for r in rows)
     say(
-        f"\n{len(rows)} jobs; all: {hms(total)} CPU"
-        + f" ({hms(total * gpu_factor)} GPU, estimate)"
-        + f"; still to run: {hms(todo_s)} CPU"
-        + f" ({hms(todo_s * gpu_factor)} GPU, estimate)"
+        f"\n{len(rows)} jobs; all: {costs.hms(total)} CPU"
+        + f" ({costs.hms(total * gpu_factor)} GPU, estimate)"
+        + f"; still to run: {costs.hms(todo_s)} CPU"
+        + f" ({costs.hms(todo_s * gpu_factor)} GPU, estimate)"
         + (f"; {unknown} jobs of unknown cost not counted" if unknown else "")
     )
 
@@ -406,7 +228,14 @@ def dry_run(args, table, jobs, tuned) -> None:
     say(f"# runs go to {tables.setting_dir(args.out, table, args.setting, args.extra)}/<variant>/<job>; "
         f"render with: python scripts/make_table.py {table.name} --setting {args.setting} "
         f"{' '.join(args.extra)}".rstrip())  # fmt: skip
-    rows, where = estimate(all_jobs, cfgs, args)
+    rows, where = costs.estimate(
+        all_jobs,
+        cfgs,
+        args.out,
+        [args.out, COMMITTED],
+        args.timing_steps if args.time else None,
+        say,
+    )
     if args.time:
         say(f"# step times measured on {where} (load average {os.getloadavg()[0]:.1f})")
     else:

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from omegaconf import OmegaConf
 
-from dpsub import tables
+from dpsub import costs, tables
 from dpsub.config import validate
 from dpsub.errors import ConfigError
 
@@ -250,17 +250,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
 
 
 def test_timing_key_ignores_what_does_not_change_a_steps_cost():
-    reproduce = load_script("reproduce")
     t = tables.load_table("gep1-mnist")
     cells = {
         c["epsilon"]: t.overrides_of(c, "paper")
         for c in t.cells("paper")
         if c["mechanism"] == "gep"
     }
-    keys = {reproduce.timing_key(compose_cfg(*ov, f"seed={s}", f"optim.lr={lr}", "mechanism.clip_residual=0.4"))
+    keys = {costs.timing_key(compose_cfg(*ov, f"seed={s}", f"optim.lr={lr}", "mechanism.clip_residual=0.4"))
             for ov, s, lr in itertools.product(cells.values(), (0, 1), (0.1, 1.0))}  # fmt: skip
     assert len(keys) == 1
-    other = reproduce.timing_key(compose_cfg(*cells[2], "mechanism.num_bases=250"))
+    other = costs.timing_key(compose_cfg(*cells[2], "mechanism.num_bases=250"))
     assert other not in keys
 
 

@@ -38,6 +38,7 @@ LAYERS = {
     "eval": 6,  # evaluations of a trained model (not of the training loop)
     "training": 7,
     "tables": 7,  # study tables (dpsub-reproduce, sweeps)
+    "costs": 8,  # what a table's jobs cost: N, steps, step times (reproduce --dry-run)
     "train": 8,  # the command line
     "overrides": 1,  # command-line overrides checked against conf/ (torch-free)
     "commands": 8,  # console commands that run the scripts
