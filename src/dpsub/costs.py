@@ -193,7 +193,9 @@ def estimate(
         data_key = json.dumps(
             [OmegaConf.to_container(cfg[k]) for k in ("dataset", "aux")] + [cfg.seed]
         )
-        n, note = sizes.setdefault(data_key, train_size(cfg))
+        if data_key not in sizes:  # loading the data is the slow part: once per dataset/aux/seed
+            sizes[data_key] = train_size(cfg)
+        n, note = sizes[data_key]
         if n is not None and note and note not in noted:
             noted.add(note)
             say(f"# {note}")
