@@ -325,20 +325,15 @@ def provenance() -> dict:
 
 @functools.cache
 def _fast_loader():
-    """libyaml's safe loader (PyYAML's own where libyaml is missing) with OmegaConf's
-    implicit scalar resolvers (``1e-5`` is a float, no timestamps) and its refusal of
-    duplicate keys: the same dicts as ``OmegaConf.to_container(OmegaConf.load(path))``."""
+    """OmegaConf's own YAML loader (its scalar rules: ``1e-5`` a float, no timestamps; its
+    refusal of duplicate keys) on libyaml's parser: the same dicts as
+    ``OmegaConf.to_container(OmegaConf.load(path))``; OmegaConf's as is without libyaml."""
     import yaml
     from omegaconf._utils import get_yaml_loader
 
-    def construct_mapping(self, node, deep=False):
-        scalar = yaml.resolver.BaseResolver.DEFAULT_SCALAR_TAG
-        keys = [k.value for k, _ in node.value if k.tag == scalar]
-        if len(keys) != len(set(keys)):
-            raise yaml.constructor.ConstructorError(None, None, "duplicate key", node.start_mark)
-        return yaml.constructor.SafeConstructor.construct_mapping(self, node, deep=deep)
+    loader = get_yaml_loader()
+    if not hasattr(yaml, "CSafeLoader"):
+        return loader
+    from yaml.cyaml import CParser
 
-    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    rules = {"yaml_implicit_resolvers": get_yaml_loader().yaml_implicit_resolvers,
-             "construct_mapping": construct_mapping}  # fmt: skip
-    return type("FastOmegaConfLoader", (base,), rules)
+    return type("FastOmegaConfLoader", (CParser, loader), {"__init__": yaml.CSafeLoader.__init__})
