@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpsub import stats
+from dpsub.data.names import published_train_size
 from dpsub.paths import project_root
 from dpsub.runs import MIA, VALIDATION, RunDir, find_runs
 
@@ -157,7 +158,7 @@ def dphero(runs: Path) -> str:
         s, cfg, mia = run.summary(), run.config_dict(), run.json(MIA)
         eps = float(s["epsilon"])  # "inf" for the non-private run
         eps = "inf" if eps == float("inf") else f"{eps:.3f}"
-        size = cfg["dataset"].get("train_size") or 60_000  # null: all of MNIST's training set
+        size = cfg["dataset"].get("train_size") or published_train_size(cfg["dataset"], cfg["aux"])
         lines.append(
             f"| {run.path.name} | {cfg['mechanism']['name']} | {size:,} | {cfg['train']['epochs']} "
             f"| {eps} | {100 * s['test_accuracy']:.2f}% | {_mia_cell(mia)} | "
