@@ -216,6 +216,55 @@ def markdown_table(table, found, setting: str) -> list[str]:
     return lines
 
 
+def verdict_lines(table, found, setting: str) -> list[str]:
+    """What the Welch tests say, one line per variant and column: every row against the
+    baseline (significant or **not significant**) and whether the paper orders the two the
+    same way; computed from the runs like the table, so it cannot drift from it."""
+    axis, ref = table.baseline
+    col, base = col_axis(table), baseline_label(table)
+    out = []
+    for variant in ("paper", "tuned"):
+        by_col: dict = {}
+        for cell in table.cells(setting):
+            if cell.get(axis) in (None, ref):
+                continue
+            text = verdict(table, found, variant, cell, base)
+            if text:
+                by_col.setdefault(table.label(col, cell[col]) if col else "", []).append(text)
+        tag = "tuned" if variant == "tuned" else "the paper's hyper-parameters"
+        out += [f"- {c + ', ' if c else ''}{tag}: " + "; ".join(t) + "." for c, t in by_col.items()]
+    head = f"**What the runs say** (Welch, {stats.ALPHA}; the paper's difference beside it):"
+    return [head, "", *out, ""] if out else []
+
+
+def verdict(table, found, variant: str, cell: dict, base: str) -> str | None:
+    """One row against the baseline in one cell; None when either side has fewer than 2 seeds."""
+    axis, ref = table.baseline
+    vals = cell_values(table, found, variant, cell)
+    c = stats.compare(cell_values(table, found, variant, {**cell, axis: ref}), vals)
+    if c.mark == "n/a":
+        return None
+    row = ", ".join(table.label(a, cell[a]) for a in row_axes(table))
+    paper = paper_difference(table, cell)
+    tail = "" if paper is None else f"; paper {paper:+.1f}"
+    if not c.significant:
+        return f"{row} - {base} **not significant** ({c.diff:+.2f}, p = {c.p:.2g}{tail})"
+    if paper:
+        same = (paper > 0) == (c.diff > 0)
+        tail += ": as in the paper" if same else ": **the ordering reverses**"
+    side = "above" if c.diff > 0 else "below"
+    return f"{row} {side} {base} ({c.diff:+.2f}, p = {c.p:.2g}{tail})"
+
+
+def paper_difference(table, cell: dict) -> float | None:
+    """The paper's value of a cell minus its baseline's, None when the paper lacks either."""
+    axis, ref = table.baseline
+    mine, theirs = table.paper_cell(cell), table.paper_cell({**cell, axis: ref})
+    if not mine or not theirs or mine.get("value") is None or theirs.get("value") is None:
+        return None
+    return mine["value"] - theirs["value"]
+
+
 def baseline_label(table) -> str:
     return table.label(*table.baseline).split(" (")[0]  # "GP (DP-SGD)" -> "GP"
 
@@ -456,6 +505,7 @@ def render(table, args) -> Path:
         header(table, args, found, recorded(dest, args))
         + markdown_table(table, found, args.setting)
         + [""]
+        + verdict_lines(table, found, args.setting)
     )
     figs = plot_metric(table, found, args.setting, proj, dest)
     lines += [f"![{f.stem}]({f.name})" for f in figs] + [""]

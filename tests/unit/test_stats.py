@@ -74,3 +74,46 @@ def test_make_table_marks_cells_against_gp(monkeypatch):
     assert " > (p=" in gep[3]
     assert f" {stats.TIE} (p=" in bgep[3] and "not significant" in bgep[3]
     assert gp[3] == "–"
+
+
+def test_make_table_verdict_says_reverses_agrees_and_not_significant(monkeypatch):
+    """The verdict under a rendered table: each row against GP per column, with the paper's
+    ordering; a row with one seed says nothing."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import make_table
+
+    paper = {"dpsgd": 50.0, "gep": 60.0, "bgep": 55.0, "rgp": 52.0}
+
+    class T:  # the bits of a Table verdict_lines reads
+        metric, baseline, axes = "test_accuracy", ("mechanism", "dpsgd"), ["mechanism", "epsilon"]
+        layout = {"columns": "epsilon"}
+
+        @staticmethod
+        def cells(setting):
+            return [{"mechanism": m, "epsilon": 8} for m in paper]
+
+        @staticmethod
+        def paper_cell(cell):
+            return {"value": paper[cell["mechanism"]]}
+
+        @staticmethod
+        def label(axis, value):
+            return "GP (DP-SGD)" if value == "dpsgd" else f"{axis}={value}"
+
+    vals = {"dpsgd": seeds(90, n=3, seed=7), "gep": seeds(80, n=3, seed=8), "rgp": [95.0]}
+    vals["bgep"] = seeds(96, n=3, seed=9)
+    found = {"paper": {}, "tuned": {"x": []}}
+    monkeypatch.setattr(
+        make_table, "cell_values", lambda t, f, v, cell: vals[cell["mechanism"]] if f[v] else []
+    )
+    head, _, line, _ = make_table.verdict_lines(T, found, "paper")
+    assert "Welch" in head and line.startswith("- epsilon=8, tuned: ")
+    gep, bgep = line.split("; mechanism=")[:2]
+    assert "mechanism=gep below GP (" in gep and "paper +10.0: **the ordering reverses**" in gep
+    assert bgep.startswith("bgep above GP (") and "paper +5.0: as in the paper" in bgep
+    assert "rgp" not in line  # one seed: no test
+    vals["bgep"] = seeds(90, n=3, seed=10)
+    assert "mechanism=bgep - GP **not significant** (" in make_table.verdict_lines(T, found, "")[2]
