@@ -230,11 +230,19 @@ def verdict_lines(table, found, setting: str) -> list[str]:
                 continue
             text = verdict(table, found, variant, cell, base)
             if text:
-                by_col.setdefault(table.label(col, cell[col]) if col else "", []).append(text)
+                by_col.setdefault(column_name(table, cell, col, axis), []).append(text)
         tag = "tuned" if variant == "tuned" else "the paper's hyper-parameters"
         out += [f"- {c + ', ' if c else ''}{tag}: " + "; ".join(t) + "." for c, t in by_col.items()]
     head = f"**What the runs say** (Welch, {stats.ALPHA}; the paper's difference beside it):"
     return [head, "", *out, ""] if out else []
+
+
+def column_name(table, cell: dict, col: str | None, axis: str) -> str:
+    """A verdict line's column, named with its axis where its label is the bare value."""
+    if not col or col == axis:  # the baseline is a column: each row names its own
+        return ""
+    label = table.label(col, cell[col])
+    return f"{col} {label}" if label == str(cell[col]) else label
 
 
 def verdict(table, found, variant: str, cell: dict, base: str) -> str | None:
@@ -244,7 +252,8 @@ def verdict(table, found, variant: str, cell: dict, base: str) -> str | None:
     c = stats.compare(cell_values(table, found, variant, {**cell, axis: ref}), vals)
     if c.mark == "n/a":
         return None
-    row = ", ".join(table.label(a, cell[a]) for a in row_axes(table))
+    axes = row_axes(table) + [a for a in [col_axis(table)] if a == axis]  # baseline: a column
+    row = ", ".join(table.label(a, cell[a]) for a in axes)
     paper = paper_difference(table, cell)
     tail = "" if paper is None else f"; paper {paper:+.1f}"
     if not c.significant:

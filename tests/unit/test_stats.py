@@ -117,3 +117,14 @@ def test_make_table_verdict_says_reverses_agrees_and_not_significant(monkeypatch
     assert "rgp" not in line  # one seed: no test
     vals["bgep"] = seeds(90, n=3, seed=10)
     assert "mechanism=bgep - GP **not significant** (" in make_table.verdict_lines(T, found, "")[2]
+    # a baseline that is a column (GEP Table 6: m = 2000) names the column in each row
+    T.baseline, T.cells = (
+        ("epsilon", 8),
+        staticmethod(lambda s: [{"mechanism": "gep", "epsilon": 2}]),
+    )
+    vals = {2: seeds(80, n=3, seed=1), 8: seeds(90, n=3, seed=2)}
+    monkeypatch.setattr(
+        make_table, "cell_values", lambda t, f, v, cell: vals[cell["epsilon"]] if f[v] else []
+    )
+    line = make_table.verdict_lines(T, found, "")[2]
+    assert line.startswith("- tuned: mechanism=gep, epsilon=2 below epsilon=8 (")
