@@ -184,6 +184,11 @@ class OpacusBackend(VmapBackend):
                 "grads.backend=opacus differentiates the model's own parameters only; "
                 "this mechanism needs grads.backend=vmap"
             )
+        if not engine.model.training:  # Opacus' hooks record activations in training mode
+            if self._gsm is not None:  # only: an eval-mode gradient (PDP-SGD's public set)
+                self._gsm.remove_hooks()  # is torch.func's, without the hooks in the way
+                self._gsm = None
+            return super().chunk(x, y, target)
         if self._gsm is None:
             self._gsm = GradSampleModule(engine.model, batch_first=True, loss_reduction="sum")
         for p in engine._params:
