@@ -36,6 +36,28 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "row-with-overflowing-norm-kept",
+        "src/dpsub/grads/clip.py",
+        "    ok = torch.isfinite(norms)\n    if bool(ok.all()):",
+        "    ok = torch.stack([finite_rows(_rows(t)) for t in parts]).all(0)\n"
+        "    if bool(ok.all()):",
+        ("tests/integration/test_hostile_inputs.py", "-k", "overflows or 1e38"),
+    ),
+    Mutant(
+        "dropped-row-not-zeroed",
+        "src/dpsub/grads/clip.py",
+        "t, torch.zeros_like(t)) for t in parts]",
+        "t, t) for t in parts]",
+        ("tests/integration/test_hostile_inputs.py", "-k", "linear-vmap"),
+    ),
+    Mutant(
+        "residual-sum-keeps-a-non-finite-row",
+        "src/dpsub/grads/clip.py",
+        "        if not bool(keep.all()):",
+        "        if False:",
+        ("tests/integration/test_hostile_inputs.py", "-k", "residual_sum_drops"),
+    ),
+    Mutant(
         "refused-run-removes-a-dir-another-process-made",
         "src/dpsub/training/trainer.py",
         "            run_dir.mkdir(parents=True)\n",

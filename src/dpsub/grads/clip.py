@@ -1,10 +1,10 @@
 """Clipping: the functions that bound one example's contribution, and say by how much.
 
 ``clipped_sum`` returns a :class:`~dpsub.privacy.noise.Sensitive` whose sensitivity is
-the clip bound: the guarantee travels with the function that makes it. Rows with a
-non-finite entry (an example whose loss overflowed) are zeroed before clipping, so
-one bad example can neither poison the release with NaN nor stall training; they
-are counted.
+the clip bound: the guarantee travels with the function that makes it. Rows whose norm
+is not finite (a non-finite entry, or finite entries whose norm overflows float32) are
+zeroed before clipping and anything else is computed from them, so one bad example can
+neither poison the release with NaN nor stall training; they are counted.
 """
 
 from __future__ import annotations
@@ -43,20 +43,22 @@ def finite_norms_parts(parts: list[Tensor]) -> tuple[list[Tensor], Tensor, Tenso
     """:func:`finite_norms` of rows split over ``parts`` (e.g. per-parameter per-example
     gradients), without concatenating them."""
     norms = row_norms(parts)
-    finite = torch.isfinite(norms)
-    if bool(finite.all()):
-        return parts, norms, finite
-    ok = torch.stack([finite_rows(_rows(t)) for t in parts]).all(0)
+    ok = torch.isfinite(norms)
+    if bool(ok.all()):
+        return parts, norms, ok
     parts = [torch.where(ok.view(-1, *[1] * (t.dim() - 1)), t, torch.zeros_like(t)) for t in parts]
-    return parts, row_norms(parts), ok
+    return parts, torch.where(ok, norms, torch.zeros_like(norms)), ok
 
 
 def finite_norms(g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(g, norms, ok)``: row norms, with the rows holding a non-finite entry zeroed.
+    """``(g, norms, ok)``: row norms, with every row whose norm is not finite zeroed.
 
-    One pass over ``g`` when every row is finite (the usual case: a non-finite entry
-    makes its row's norm non-finite); only then is the exact mask computed and ``g``
-    copied. A finite row whose norm overflows keeps ok = True and norm inf (clip factor 0).
+    An example is *dropped* (``ok`` False, its row and norm 0) when its norm is not
+    finite: a non-finite entry, or finite entries whose float norm overflows (an input
+    scaled by 1e38). A dropped example contributes exactly zero to every quantity derived
+    from its row (an embedding ``B g``, a residual, a clipped sum), so no product
+    ``0 * inf`` can turn a release into NaN. One pass over ``g`` when every norm is
+    finite (the usual case); only then is ``g`` copied.
     """
     (g,), norms, ok = finite_norms_parts([g])
     return g, norms, ok
@@ -150,7 +152,8 @@ class ClippedResidualSum:
     The sensitivity C rests on ``norms``: they must be *upper bounds* of ``||r_i||``
     (``GroupedBasis.residual_norms`` gives them, with a margin for rounding); a norm that
     is too small would let an example contribute more than C. Rows of ``G`` and ``W``
-    must be finite (zero the non-finite examples first, see :func:`finite_norms`).
+    should be finite (zero the dropped examples first, see :func:`finite_norms`); a row
+    whose bound or embedding is not finite anyway is dropped by :meth:`add`.
     """
 
     def __init__(self, bound: float) -> None:
@@ -159,13 +162,22 @@ class ClippedResidualSum:
         self._g: Tensor | None = None
         self._w: Tensor | None = None
 
-    def add(self, G: Tensor, W: Tensor, norms: Tensor, nonfinite: int = 0) -> None:
-        """One micro-batch: rows ``G`` (b, p), their embeddings ``W`` (b, k), bounds (b,)."""
+    def add(self, G: Tensor, W: Tensor, norms: Tensor, nonfinite: int | Tensor = 0) -> None:
+        """One micro-batch: rows ``G`` (b, p), their embeddings ``W`` (b, k), bounds (b,).
+
+        A row whose bound or embedding is not finite is dropped here too (counted in
+        ``nonfinite``): it contributes exactly zero, never ``0 * inf``.
+        """
+        n = int(G.shape[0])
+        keep = torch.isfinite(norms) & torch.isfinite(W).all(dim=1)
+        if not bool(keep.all()):
+            G, W, norms = G[keep], W[keep], norms[keep]
+            nonfinite = nonfinite + (~keep).sum()
         c = clip_factors(norms, self.bound).to(G.dtype)
         g, w = c @ G, c.to(W.dtype) @ W
         self._g = g if self._g is None else self._g + g
         self._w = w if self._w is None else self._w + w
-        st = ClipStats(int(G.shape[0]), (norms > self.bound).sum(), nonfinite)  # no sync
+        st = ClipStats(n, (norms > self.bound).sum(), nonfinite)  # no sync
         self.stats = self.stats.add(st)
 
     def sum(self, lift, dim: int, device) -> Sensitive:
