@@ -346,6 +346,13 @@ MUTANTS = (
         ("tests/integration/test_audit.py", "-k", "clipped"),
     ),
     Mutant(
+        "audit-gep-canary-without-residual-part",
+        "src/dpsub/audit/canary.py",
+        "return (s1 * e / e.norm() + s2 * r / r.norm()).float()",
+        "return (s1 * e / e.norm() + 0 * r).float()",
+        ("tests/unit/test_audit_canary.py",),
+    ),
+    Mutant(
         "audit-half-noise-scores",
         "src/dpsub/audit/whitebox.py",
         "step.update(std_out=s_out.std, check_error=",
