@@ -318,6 +318,13 @@ MUTANTS = (
         ("tests/integration/test_coverage.py", "-k", "per_window"),
     ),
     Mutant(
+        "summary-drops-not-covered-statistics",
+        "src/dpsub/training/trainer.py",
+        '    summary["not_covered_statistics"] = not_covered_statistics(summary)\n',
+        "",
+        ("tests/integration/test_coverage.py", "-k", "unnoised_statistics"),
+    ),
+    Mutant(
         "secure-mode-logs-timing",
         "src/dpsub/training/trainer.py",
         "    if run.secure or run.run_seconds <= 0:",
