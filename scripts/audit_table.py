@@ -27,7 +27,8 @@ MECHANISMS = {
     "dpsgd-vmap": ("mechanism=dpsgd", "grads.backend=vmap"),
     "dpsgd-opacus": ("mechanism=dpsgd", "grads.backend=opacus"),
     "dpsgd-ghost": ("mechanism=dpsgd", "grads.backend=ghost"),
-    "gep": ("mechanism=gep", *AUX),
+    "gep": ("mechanism=gep", *AUX, "audit.view=releases"),  # both releases, each / its noise std
+    "gep-update": ("mechanism=gep", *AUX),  # the update, where the two releases' noise adds up
     "bgep": ("mechanism=bgep", *AUX),
     "pdpsgd": ("mechanism=pdpsgd", "aux.num_samples=32", "mechanism.num_bases=16", "+dataset.train_size=96"),
     "rpdpsgd": ("mechanism=rpdpsgd", "mechanism.num_bases=16"),

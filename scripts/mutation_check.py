@@ -340,6 +340,13 @@ MUTANTS = (
         ("tests/integration/test_coverage.py", "-k", "per_window"),
     ),
     Mutant(
+        "summary-drops-not-covered-statistics",
+        "src/dpsub/training/trainer.py",
+        '    summary["not_covered_statistics"] = not_covered_statistics(summary)\n',
+        "",
+        ("tests/integration/test_coverage.py", "-k", "unnoised_statistics"),
+    ),
+    Mutant(
         "secure-mode-logs-timing",
         "src/dpsub/training/trainer.py",
         "    if run.secure or run.run_seconds <= 0:",
@@ -366,6 +373,13 @@ MUTANTS = (
         "clipped, _ = clip_rows(self._canary(value.numel(), value.device)[None], clip)",
         "clipped = self._canary(value.numel(), value.device)[None]",
         ("tests/integration/test_audit.py", "-k", "clipped"),
+    ),
+    Mutant(
+        "audit-gep-canary-without-residual-part",
+        "src/dpsub/audit/canary.py",
+        "return (s1 * e / e.norm() + s2 * r / r.norm()).float()",
+        "return (s1 * e / e.norm() + 0 * r).float()",
+        ("tests/unit/test_audit_canary.py",),
     ),
     Mutant(
         "audit-half-noise-scores",

@@ -44,6 +44,7 @@ __all__ = [
     "group_by_setting",
     "git_commit",
     "hardware",
+    "not_covered_statistics",
     "provenance",
 ]
 
@@ -60,6 +61,38 @@ SMALL_FILES = (
 )  # fmt: skip
 
 _ROOT = Path(__file__).resolve().parents[2]  # the checkout (for git)
+
+_TUNING = "on held-out private training examples (dataset.validation_size), no noise"
+#: A summary's values computed from the private data without noise, so not covered by the
+#: run's epsilon even where ``covered_by_epsilon`` is true (that flag is about the model and
+#: the logs); a key ending in "/" names every key that starts with it.
+NOT_COVERED_STATISTICS = {
+    "validation_accuracy": f"accuracy {_TUNING} (the papers' convention of uncounted tuning; "
+    "also validation/accuracy in metrics.jsonl and train.log)",
+    "validation_loss": f"loss {_TUNING} (also validation/loss in metrics.jsonl and train.log)",
+    "run_seconds": "wall time of the training loops: grows with the number of private "
+    "examples the Poisson samples drew, no noise",
+    "steps_per_s": "steps / run_seconds",
+    "private/": "computed from the private training set without noise (not_covered says why)",
+    "epsilon_data_dependent": "PATE: computed from the teachers' unnoised votes",
+}
+
+
+def not_covered_statistics(summary: dict) -> dict[str, str]:
+    """``{key: why}`` for each value of ``summary`` that depends on private data without noise.
+
+    The trainer and ``dpsub-pate`` write it into summary.json as ``not_covered_statistics``;
+    for a summary written before they did, this derives the same entry from its keys.
+    """
+    out = {}
+    for key in summary:
+        why = NOT_COVERED_STATISTICS.get(key) or next(
+            (w for k, w in NOT_COVERED_STATISTICS.items() if k.endswith("/") and key.startswith(k)),
+            None,
+        )
+        if why is not None:
+            out[key] = why
+    return out
 
 
 class RunError(Exception):

@@ -170,6 +170,24 @@ def test_pdpsgd_aligned_canary_is_as_visible_as_dpsgds() -> None:
     assert rnd["gdp"]["mu_exact"] < 0.1
 
 
+GEP = ("privacy.noise_multiplier=1.0", "mechanism=gep", "aux=gaussian", "aux.num_samples=32",
+       "mechanism.num_bases=8")  # fmt: skip
+
+
+def test_gep_split_canary_reaches_one_over_z_on_the_releases() -> None:
+    """GEP's canary is S1 = 10 in the anchor subspace and S2 = 2 orthogonal to it; scored on
+    both releases over their noise std, mu is 1/z (the residual's book-keeping margin takes
+    < 1e-3); the update adds the residual's noise to the embedding's: projected on the
+    shift, mu = (S1^2 + S2^2) / sqrt(S1^2 (s1^2 + s2^2) + S2^2 s2^2), s_j = sqrt(2) S_j."""
+    rel = whitebox_audit(tiny_run(*GEP), WhiteboxOptions(trials=10_000, view="releases"))
+    assert rel["gdp"]["mu_exact"] == pytest.approx(1.0, rel=1e-3)
+    assert rel["canary"]["norm"] == pytest.approx(math.hypot(10, 2), rel=1e-5)
+    assert rel["view"] == "releases" and not rel["exceeds_upper"]
+    upd = whitebox_audit(tiny_run(*GEP), WhiteboxOptions(trials=10_000))
+    want = 104 / math.sqrt(100 * 2 * 104 + 4 * 2 * 4)
+    assert upd["gdp"]["mu_exact"] == pytest.approx(want, rel=1e-3)
+
+
 def test_dphero_least_noisy_direction_exceeds_its_nominal_epsilon() -> None:
     run = tiny_run("privacy.epsilon=2", "mechanism=dphero")
     report = whitebox_audit(run, WhiteboxOptions(trials=200_000, direction="least_noisy"))
@@ -218,7 +236,14 @@ def test_audit_writes_audit_json_beside_the_summary_and_a_log_line(tmp_path) -> 
 
 
 @pytest.mark.parametrize(
-    "bad", ["audit.direction=sideways", "audit.trials=0", "audit.alpha=1.5", "privacy.epsilon=-1"]
+    "bad",
+    [
+        "audit.direction=sideways",
+        "audit.view=sideways",
+        "audit.trials=0",
+        "audit.alpha=1.5",
+        "privacy.epsilon=-1",
+    ],
 )
 def test_bad_audit_option_is_one_line_and_exit_2(tmp_path, capsys, bad: str) -> None:
     from dpsub.audit.cli import run_audit

@@ -29,6 +29,7 @@ def test_resuming_a_membership_inference_run_does_not_relabel_it_covered(tmp_pat
     run_dir = tmp_path / "run"
     train(compose_cfg(*SHORT, "eval.mia=true", "eval.mia_examples=50"), run_dir)
     assert summary(run_dir)["covered_by_epsilon"] is False
+    assert "private/mia/success" in summary(run_dir)["not_covered_statistics"]
     # the real entrypoint, turning the attack off: the un-noised result stays in metrics.jsonl
     proc = run_cli(f"resume={run_dir}", "eval.mia=false")
     assert any("private/mia/success" in m for m in read_metrics(run_dir))
@@ -62,12 +63,26 @@ def test_shuffle_sampling_runs_are_not_covered(tmp_path):
     assert s["covered_by_epsilon"] is False and s["not_covered"] == ["shuffle_sampling"]
 
 
+def test_a_tuning_run_names_its_unnoised_statistics(tmp_path):
+    """Scores on a validation split are held-out *private* examples without noise (the
+    papers' uncounted tuning): the summary names each such value, beside the run timing,
+    while ``covered_by_epsilon`` (the model and the logs) stays true."""
+    train(compose_cfg(*SHORT, "dataset.validation_size=50"), tmp_path / "tune")
+    s = summary(tmp_path / "tune")
+    entry = s["not_covered_statistics"]
+    assert set(entry) == {"validation_accuracy", "validation_loss", "run_seconds", "steps_per_s"}
+    assert "held-out private training examples" in entry["validation_accuracy"]
+    assert "uncounted tuning" in entry["validation_accuracy"]
+    assert s["covered_by_epsilon"] is True and s["not_covered"] == []
+
+
 def test_throughput_is_a_run_average_never_per_window(tmp_path):
     """steps/s over a log window tracks the realized (private) Poisson batch sizes."""
     train(compose_cfg(*SHORT), tmp_path / "run")
     assert not any("steps_per_s" in m for m in read_metrics(tmp_path / "run"))
     s = summary(tmp_path / "run")
     assert s["steps_per_s"] > 0 and s["run_seconds"] > 0
+    assert set(s["not_covered_statistics"]) == {"run_seconds", "steps_per_s"}
     log = (tmp_path / "run" / "train.log").read_text()
     step_lines = [line for line in log.splitlines() if "] step " in line]
     assert len(step_lines) == 4 and not any("steps/s" in line for line in step_lines)
@@ -78,6 +93,7 @@ def test_secure_mode_logs_no_timing(tmp_path):
     assert not any("steps_per_s" in m for m in read_metrics(tmp_path / "run"))
     s = summary(tmp_path / "run")
     assert "steps_per_s" not in s and "run_seconds" not in s
+    assert s["not_covered_statistics"] == {}  # test-set scores: covered
     assert "steps/s" not in (tmp_path / "run" / "train.log").read_text()
 
 

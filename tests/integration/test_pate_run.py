@@ -135,6 +135,7 @@ def test_validation_split_tunes_without_the_test_set(tmp_path, monkeypatch):
     )
     summary = run_pate(_cfg("dataset.validation_size=200"), tmp_path / "tune")
     assert "validation_accuracy" in summary and "test_accuracy" not in summary
+    assert set(summary["not_covered_statistics"]) == {"validation_accuracy", "validation_loss"}
     assert seen == [200]  # evaluated once, on the 200 held-out training examples
     log_text = (tmp_path / "tune" / "train.log").read_text()
     assert "final: validation accuracy" in log_text and "public pool 150" in log_text

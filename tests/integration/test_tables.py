@@ -340,6 +340,10 @@ def test_make_table_takes_the_committed_runs_a_partial_outputs_tree_lacks(tmp_pa
     # without the committed root (the harness's own re-render check) only outputs count
     alone = make_table.collect(table, SimpleNamespace(setting="tiny", extra=[], runs=outputs))
     assert not alone["tune"] and not alone["tuned"] and len(alone["paper"]) == 2
+    # under a table with tuned rows: the tuning statistics are not covered by epsilon
+    assert "not covered by the epsilons shown" in " ".join(make_table.tuned_note(found))
+    assert "not covered by any epsilon" in " ".join(make_table.tuning_lines(table, found, "tiny"))
+    assert make_table.tuned_note(alone) == []
 
 
 def test_a_finished_run_whose_config_moved_is_stale_set_aside_and_run_again(tmp_path):

@@ -34,3 +34,12 @@ def test_config_dict_refuses_a_duplicate_key_with_the_file_named(tmp_path):
     run = _run(tmp_path, "seed: 0\nseed: 1\n")
     with pytest.raises(runs.RunError, match=str(run.config_path)):
         run.config_dict()
+
+
+def test_not_covered_statistics_names_each_unnoised_value():
+    """Derived from the keys alone, so it also reads a summary written before the entry."""
+    old = {"steps": 10, "epsilon": 2.0, "validation_accuracy": 0.5, "test_accuracy": 0.4,
+           "run_seconds": 3.0, "private/mia/success": 0.6}  # fmt: skip
+    got = runs.not_covered_statistics(old)
+    assert set(got) == {"validation_accuracy", "run_seconds", "private/mia/success"}
+    assert "held-out private training examples" in got["validation_accuracy"]

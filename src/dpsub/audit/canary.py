@@ -28,7 +28,7 @@ from dpsub.grads import clip_rows
 from dpsub.grads.engine import Chunk, ClippedSum
 from dpsub.privacy import Sensitive
 
-__all__ = ["CanaryEngine", "canary_vector"]
+__all__ = ["CanaryEngine", "canary_vector", "split_canary"]
 
 
 def canary_vector(dim: int, kind: str, norm: float, generator: torch.Generator, index: int = 0):
@@ -39,6 +39,23 @@ def canary_vector(dim: int, kind: str, norm: float, generator: torch.Generator, 
     else:
         v = torch.randn(dim, generator=generator)
     return v * (norm / v.norm())
+
+
+def split_canary(basis, s1: float, s2: float, generator: torch.Generator) -> Tensor:
+    """A GEP canary that uses the whole sensitivity: ``s1 e + s2 r``.
+
+    ``e`` is a random unit vector of the anchor subspace (``basis``, a
+    :class:`~dpsub.subspace.GroupedBasis`), ``r`` a random unit vector orthogonal to it, so
+    the canary's embedding has norm ``s1`` and its residual norm ``s2``: both of GEP's
+    releases (clipped to S1 and S2) get the largest contribution one example can make.
+    Built in float64 (the residual orthogonalized twice), returned in float32.
+    """
+    b = basis.to(dtype=torch.float64)
+    w = torch.randn(b.k, generator=generator, dtype=torch.float64)
+    e = b.reconstruct(w)
+    r = torch.randn(b.dim, generator=generator, dtype=torch.float64)
+    r = b.residual(b.residual(r))
+    return (s1 * e / e.norm() + s2 * r / r.norm()).float()
 
 
 class CanaryEngine:

@@ -89,8 +89,9 @@ def audit_line(report: dict) -> str:
         if "in" in t
         else f"{t['guesses']} guesses, {t['correct']} correct"
     )
+    view = " (scored on its releases)" if report.get("view") == "releases" else ""
     return (
-        f"audit: {report['kind']} {report['mechanism']} | lower bound epsilon {lb['epsilon']:.4f} "
+        f"audit: {report['kind']} {report['mechanism']}{view} | lower bound epsilon {lb['epsilon']:.4f} "
         f"({100 * lb['confidence']:.0f}% confidence, {n}){fit} | accountant epsilon "
         f"{report['epsilon_upper']:.4f}{nom} (delta={report['delta']})"
     )

@@ -4,7 +4,9 @@ A release is ``R = F(D, xi)``: the mechanism's step on the batch ``D`` (with or 
 the canary) when the privatizer's standard normal draws are ``xi``; given the model
 and the mechanism's state, ``xi`` is its only randomness (the public generator is
 rewound before every replay, so subspaces, carriers and random labels are the same).
-The audit scores a release by ``<R, u>``.
+The audit scores a release by ``<R, u>``; ``R`` is the update the mechanism returns
+(``view="update"``) or its privatizer's noisy releases, each divided by its noise std
+(``view="releases"``: what the accountant's multiplier is about).
 
 If ``F(D, .)`` is affine, ``<F(D, xi), u> = a + <xi, g>`` with ``a = <F(D, 0), u>`` and
 ``g`` the gradient of the score with respect to ``xi``; since ``xi ~ N(0, I)``, the score
@@ -62,15 +64,34 @@ class ScriptedNoise:
 
 
 class CapturingPrivatizer(Privatizer):
-    """A Privatizer that also keeps the noise blocks of shaped releases (least-noisy canary)."""
+    """A Privatizer that also keeps its noisy outputs and the noise blocks of shaped releases.
+
+    ``whitened()``: the step's releases, each divided by its noise std and concatenated,
+    ``[v_1 / std_1, v_2 / std_2, ...]``: the vector the accountant's multiplier is about
+    (``dpsub.privacy.noise``), where isotropic noise is N(0, I) in every coordinate.
+    """
 
     def __init__(self, source, reduce=None):
         super().__init__(source, reduce)
         self.shaped_blocks: list[tuple[int, float, list[NoiseBlock]]] = []  # (dim, std, blocks)
+        self.outputs: list[tuple[Tensor, float]] = []  # (noisy release, its noise std)
+
+    def gaussian(self, s, std, name="release"):
+        out = super().gaussian(s, std, name)
+        self.outputs.append((out, float(std)))
+        return out
 
     def shaped(self, s, std, blocks, name="release"):
         self.shaped_blocks.append((int(s.value.numel()), float(std), list(blocks)))
-        return super().shaped(s, std, blocks, name)
+        out = super().shaped(s, std, blocks, name)
+        self.outputs.append((out, float(std)))
+        return out
+
+    def whitened(self) -> Tensor:
+        parts = [out.reshape(-1) / std for out, std in self.outputs if std > 0]
+        if not parts:
+            raise RuntimeError("audit.view=releases: the step made no noisy release")
+        return torch.cat(parts)
 
 
 @dataclass
@@ -85,6 +106,7 @@ class Replayer:
     x: Tensor
     y: Tensor
     canary: CanaryEngine
+    view: str = "update"  # what a replay returns: the update, or the whitened releases
 
     def __post_init__(self) -> None:
         mech = self.run.mechanism
@@ -112,7 +134,7 @@ class Replayer:
             mech.engine, self.canary.on = real, False
         if wanted and self.canary.applied == before:
             raise RuntimeError(f"mechanism {mech.name}: the canary never reached its private batch")
-        return res.grad, priv
+        return (priv.whitened() if self.view == "releases" else res.grad), priv
 
     def restore(self) -> None:
         """Leave the mechanism and the public generator as they were before any replay."""

@@ -1,8 +1,11 @@
 """White-box gradient-canary audit (after Nasr et al., "Tight Auditing of DP ML", 2023).
 
 The auditor sees every released update and controls one extra per-example gradient,
-the canary (norm: the mechanism's clipping bound; direction: random, a coordinate, or
-the least noisy direction of the mechanism's noise). Under hypothesis "in" the
+the canary (norm: the mechanism's clipping bound; direction: random, a coordinate, the
+least noisy direction of the mechanism's noise, or aligned with what the mechanism
+releases; GEP's aligned canary has norm S1 in the anchor subspace and S2 orthogonal to
+it). ``view="releases"`` scores the privatizer's releases, each divided by its noise std,
+instead of the update (GEP: both releases, which the update mixes). Under hypothesis "in" the
 canary is in the private set, so each step's Poisson sample holds it with probability
 q; under "out" it is not. A trial's score sums, over the T audited steps, the released
 update's projection on the canary's direction in release space: the difference of
@@ -26,13 +29,15 @@ import torch
 from torch import Tensor
 
 from dpsub.audit import bounds
-from dpsub.audit.canary import CanaryEngine, canary_vector
+from dpsub.audit.canary import CanaryEngine, canary_vector, split_canary
 from dpsub.audit.release import Replayer, affine_score, sampled_scores, zero_release
+from dpsub.mechanisms.gep import GEP
 from dpsub.privacy import epsilon_for
 
 __all__ = ["WhiteboxOptions", "least_noisy_direction", "whitebox_audit"]
 
 DIRECTIONS = ("random", "coordinate", "least_noisy", "aligned")
+VIEWS = ("update", "releases")
 ALIGN_ITERS = 3
 
 
@@ -44,6 +49,7 @@ class WhiteboxOptions:
     direction: str = "aligned"  # random | coordinate | least_noisy | aligned
     index: int = 0  # the coordinate (direction=coordinate)
     norm_scale: float = 1.0  # canary norm = norm_scale x the mechanism's clipping bound
+    view: str = "update"  # scored: the update (update) or the releases / their noise std
     alpha: float = 0.05  # 1 - confidence of the Clopper-Pearson bound
     seed: int = 0
 
@@ -52,6 +58,8 @@ class WhiteboxOptions:
             raise ValueError(
                 f"audit.direction: must be one of {DIRECTIONS}, got {self.direction!r}"
             )
+        if self.view not in VIEWS:
+            raise ValueError(f"audit.view: must be one of {VIEWS}, got {self.view!r}")
 
 
 def clip_bound(mechanism) -> float:
@@ -100,7 +108,7 @@ class _Canaries:
 def _step_scores(run, engine: CanaryEngine, canaries: _Canaries, opts, gen, first: bool) -> dict:
     """Score model of one audited step at the run's current state."""
     idx = run.dist.shard(run.sampler.sample())
-    replay = Replayer(run, run.data.train_x[idx], run.data.train_y[idx], engine)
+    replay = Replayer(run, run.data.train_x[idx], run.data.train_y[idx], engine, opts.view)
     out0, priv = zero_release(replay, False)
     note = None
     if first and opts.direction == "least_noisy":
@@ -110,7 +118,8 @@ def _step_scores(run, engine: CanaryEngine, canaries: _Canaries, opts, gen, firs
         else:
             canaries.fixed[found[0]] = found[1] * canaries.norm
     if first and opts.direction == "aligned":
-        note = _align(replay, canaries, out0)
+        gep = isinstance(run.mechanism, GEP)
+        note = _split(run.mechanism, canaries, opts) if gep else _align(replay, canaries, out0)
     in0, _ = zero_release(replay, True)
     shift = (in0 - out0).reshape(-1)
     if float(shift.norm()) == 0:  # the release does not depend on the canary at all
@@ -157,6 +166,21 @@ def _align(replay: Replayer, canaries: _Canaries, out0: Tensor) -> str | None:
     return None
 
 
+def _split(mech: GEP, canaries: _Canaries, opts: WhiteboxOptions) -> str:
+    """GEP's canary: S1 inside the anchor subspace the replay just fitted, S2 orthogonal to it.
+
+    Both releases are then saturated: the embedding's shift is S1 against noise
+    z sqrt(2) S1, the residual's S2 against z sqrt(2) S2, so in the releases view the
+    canary's whitened shift has norm 1/z. B-GEP releases the embedding only: its canary
+    has no residual part (S1 against z S1: 1/z as well).
+    """
+    o = mech.opts
+    s1 = opts.norm_scale * o.clip_embedding
+    s2 = opts.norm_scale * o.clip_residual if mech.release_residual else 0.0
+    canaries.fixed[mech.basis.dim] = split_canary(mech.basis, s1, s2, canaries.gen)
+    return f"GEP split canary: embedding part {s1:g} in the anchor subspace, residual part {s2:g}"
+
+
 def _simulate(steps: list[dict], q: float, n: int, rng: np.random.Generator):
     """Scores of n trials per hypothesis, summed over the audited steps."""
     s_in, s_out = np.zeros(n), np.zeros(n)
@@ -196,6 +220,8 @@ def whitebox_audit(run, opts: WhiteboxOptions) -> dict:
     n = opts.trials if affine else opts.direct_trials
     rng = np.random.default_rng(opts.seed + 2)
     s_in, s_out = _simulate(steps, run.q, n, rng)
+    if len(canaries.fixed) == 1:  # the canary's own norm (GEP's split canary: hypot(S1, S2))
+        norm = float(next(iter(canaries.fixed.values())).norm())
     return _report(run, opts, norm, steps, s_in, s_out, affine, rng)
 
 
@@ -218,6 +244,7 @@ def _report(run, opts, norm, steps, s_in, s_out, affine, rng) -> dict:
         "gdp": {"mu": mu, "epsilon": bounds.gdp_epsilon(mu, delta)},
         "trials": {"in": len(s_in), "out": len(s_out), "mode": "affine" if affine else "sampled"},
         "canary": {"direction": opts.direction, "norm": norm, "seed": opts.seed},
+        "view": opts.view,
         "per_step": [_public(st) for st in steps],
     }
     if affine and opts.steps == 1 and run.q == 1:  # the exact score distributions are Gaussian

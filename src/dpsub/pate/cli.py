@@ -138,6 +138,9 @@ def _student(cfg, pate, pools, device, out) -> dict:
     }
     if dd:
         out["epsilon_data_dependent"] = ledger.epsilon_data_dependent()
+    from dpsub.runs import not_covered_statistics
+
+    out["not_covered_statistics"] = not_covered_statistics(out)
     return out
 
 

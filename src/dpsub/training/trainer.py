@@ -39,7 +39,7 @@ from dpsub.errors import ConfigError, ResumeError
 from dpsub.logging import RunLogger
 from dpsub.models import count_parameters
 from dpsub.privacy import epsilon_for
-from dpsub.runs import CHECKPOINT, CONFIG, LOG, MIA
+from dpsub.runs import CHECKPOINT, CONFIG, LOG, MIA, not_covered_statistics
 from dpsub.training.checkpoint import (
     LEDGER_NAME,
     check_resume,
@@ -488,6 +488,7 @@ def _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval) -> 
         **mia,
         **run_timing(run),
     }
+    summary["not_covered_statistics"] = not_covered_statistics(summary)
     logger.summary(summary)
     logger.close()
     e = eps["epsilon"]
