@@ -49,6 +49,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from dpsub import stats, studies, tables  # noqa: E402
 from dpsub.errors import ConfigError  # noqa: E402
 from dpsub.paths import project_root  # noqa: E402
+from dpsub.privacy.simulate import NOT_A_GUARANTEE  # noqa: E402
 from dpsub.runs import CHECKPOINT, RunDir, git_commit, provenance  # noqa: E402
 
 PROJECTION = "public_projection.json"
@@ -92,6 +93,61 @@ def collect(table: tables.Table, args) -> dict[str, dict[str, list[tables.Job]]]
         out[variant] = cells
     out["picks"] = picks
     return out
+
+
+SIM_MARK = " (simulated)"
+
+
+def simulation_marks(table: tables.Table, found, setting: str) -> dict[str, list[tuple]]:
+    """variant/cell id -> (reference, own epsilon) of each run, for the cells whose runs
+    draw a simulated noise level (privacy.simulate: not a privacy guarantee). ConfigError
+    for a cell that mixes simulated and real runs, and for simulated runs in a setting not
+    marked ``simulated: true`` (their table would not say what they are)."""
+    marks = {}
+    for variant in ("paper", "tuned", "tune"):
+        for cid, jobs in found[variant].items():
+            runs = [tables.read_summary(j.dir) for j in jobs]
+            sims = [r.get("simulated") for r in runs]
+            n = sum(x is not None for x in sims)
+            if n and n != len(sims):
+                raise ConfigError(f"{variant}/{cid}: {n} of {len(sims)} runs draw a simulated "
+                                  "noise level (privacy.simulate), the others do not")  # fmt: skip
+            if n:
+                marks[f"{variant}/{cid}"] = [(r["simulated"], r.get("epsilon")) for r in runs]
+    if marks and not table.setting(setting).simulated:
+        raise ConfigError(
+            f"setting {setting}: {next(iter(marks))} holds runs at a simulated noise level "
+            f"({NOT_A_GUARANTEE}); mark the setting `simulated: true` in its table file so the "
+            "rendered table says so"
+        )
+    return marks
+
+
+def simulation_note(marks: dict[str, list[tuple]]) -> list[str]:
+    """The rendered table's warning, one line per simulated reference."""
+    if not marks:
+        return []
+    refs: dict[tuple, list[float]] = {}
+    for pairs in marks.values():
+        for sim, own in pairs:
+            key = (sim["run_batch_size"], sim["batch_size"], sim["noise_multiplier_ref"],
+                   sim["epsilon_ref"], sim["delta_ref"], sim["dataset_size_ref"])  # fmt: skip
+            refs.setdefault(key, []).append(own)
+    lines = [f"> **{NOT_A_GUARANTEE[0].upper()}{NOT_A_GUARANTEE[1:]}.** Cells marked "
+             f"*{SIM_MARK.strip()}* come from runs that drew the noise of a larger reference "
+             "batch on their mean gradient (privacy.simulate); the reference's epsilon only "
+             "names that noise level and covers none of them:"]  # fmt: skip
+    for (b, b_ref, z_ref, eps_ref, delta, n_ref), own in refs.items():
+        lines.append(
+            f"> - batch {b} drawing the noise of batch {b_ref} at z_ref {z_ref:.4g} (epsilon "
+            f"{eps_ref:.3g}, delta {delta:g}, N {n_ref}); the runs' own epsilon, from the "
+            f"noise they drew: {min(own):.3g}-{max(own):.3g}"
+        )
+    return [*lines, ""]
+
+
+def is_simulated(found, variant: str, cell: dict) -> bool:
+    return f"{variant}/{tables.cell_id(cell)}" in found.get("simulated", {})
 
 
 def metric_values(table: tables.Table, jobs: list[tables.Job]) -> list[float]:
@@ -189,7 +245,7 @@ def cell_text(table, found, variant, cell) -> list[str]:
         base = cell_values(table, found, variant, {**cell, axis: ref})
         if base:
             vs = stats.compare(base, vals).text()
-    return [s.text(), ptxt, diff, vs]
+    return [s.text() + (SIM_MARK if is_simulated(found, variant, cell) else ""), ptxt, diff, vs]
 
 
 def markdown_table(table, found, setting: str) -> list[str]:
@@ -254,6 +310,7 @@ def verdict(table, found, variant: str, cell: dict, base: str) -> str | None:
         return None
     axes = row_axes(table) + [a for a in [col_axis(table)] if a == axis]  # baseline: a column
     row = ", ".join(table.label(a, cell[a]) for a in axes)
+    row += SIM_MARK if is_simulated(found, variant, cell) else ""
     paper = paper_difference(table, cell)
     tail = "" if paper is None else f"; paper {paper:+.1f}"
     if not c.significant:
@@ -502,6 +559,10 @@ def copy_runs(found, dest: Path) -> None:
 
 def render(table, args) -> Path:
     found = collect(table, args)
+    try:
+        found["simulated"] = simulation_marks(table, found, args.setting)
+    except ConfigError as e:
+        die(str(e))
     if not any(found[v] for v in ("paper", "tuned", "tune")):
         die(
             f"no finished runs of {table.name} under {tables.setting_dir(args.runs, table, args.setting, args.extra)}"
@@ -512,6 +573,7 @@ def render(table, args) -> Path:
     copy_runs(found, dest)
     lines = (
         header(table, args, found, recorded(dest, args))
+        + simulation_note(found["simulated"])
         + markdown_table(table, found, args.setting)
         + [""]
         + verdict_lines(table, found, args.setting)

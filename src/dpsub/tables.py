@@ -75,6 +75,9 @@ class Setting:
     seeds: list[int] | None = None
     axis_overrides: dict[str, Any] = field(default_factory=dict)  # replace the table's entries
     tune: Tune | None = None  # the setting's own tuning grid (default: the table's)
+    #: some runs draw a simulated noise level (privacy.simulate): NOT a privacy guarantee, and
+    #: the rendered table must say so (make_table refuses simulated runs in an unmarked setting)
+    simulated: bool = False
 
 
 @dataclass
@@ -239,9 +242,11 @@ def _parse(path: Path, raw: dict) -> Table:
         if bad:
             raise ConfigError(f"{path}: settings.{sname}.axes: {sorted(bad)[0]} is not an axis")
         _check_by_mechanism(path, f"settings.{sname}.overrides", s.get("overrides", []), axes)
-        bad = set(s) - {"note", "overrides", "axes", "seeds", "axis_overrides", "tune"}
+        known = {"note", "overrides", "axes", "seeds", "axis_overrides", "tune", "simulated"}
+        bad = set(s) - known
         if bad:
             raise ConfigError(f"{path}: settings.{sname}.{sorted(bad)[0]}: unknown key")
+        _check_simulated(path, sname, s)
         settings[sname] = Setting(
             sname,
             s.get("note", ""),
@@ -250,6 +255,7 @@ def _parse(path: Path, raw: dict) -> Table:
             s.get("seeds"),
             s.get("axis_overrides", {}),
             _parse_tune(path, f"settings.{sname}.tune", s.get("tune")),
+            bool(s.get("simulated", False)),
         )
     tune = _parse_tune(path, "tune", raw.get("tune"))
     paper = _need(path, raw, "paper", list)
@@ -264,6 +270,19 @@ def _parse(path: Path, raw: dict) -> Table:
         overrides=raw.get("overrides") or {}, paper=paper, settings=settings, tune=tune,
         notes=list(raw.get("notes") or []), baseline=_baseline(path, raw, axes),
     )  # fmt: skip
+
+
+def _check_simulated(path: Path, name: str, raw: dict) -> None:
+    """A setting whose overrides simulate a noise level must say so (``simulated: true``)."""
+    if raw.get("simulated") or "privacy.simulate." not in repr(
+        (raw.get("overrides"), raw.get("axis_overrides"))
+    ):
+        return
+    raise ConfigError(
+        f"{path}: settings.{name}.simulated: its overrides set privacy.simulate (a simulated "
+        "noise level, not a privacy guarantee); mark the setting `simulated: true` so its "
+        "table says so"
+    )
 
 
 def _baseline(path: Path, raw: dict, axes: dict) -> tuple[str, Any]:
