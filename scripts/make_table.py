@@ -152,8 +152,9 @@ def is_simulated(found, variant: str, cell: dict) -> bool:
 
 def metric_values(table: tables.Table, jobs: list[tables.Job]) -> list[float]:
     """The table's metric of each run, in % for accuracies."""
-    vals = [tables.read_summary(j.dir).get(table.metric) for j in jobs]
-    scale = 100.0 if "accuracy" in table.metric else 1.0
+    metric = table.metric_of(jobs[0].setting) if jobs else table.metric
+    vals = [tables.read_summary(j.dir).get(metric) for j in jobs]
+    scale = 100.0 if "accuracy" in metric else 1.0
     return [scale * v for v in vals if isinstance(v, (int, float))]
 
 
@@ -211,9 +212,9 @@ def projections(table, found, args) -> dict[str, list[float]]:
 
 
 # -------------------------------------------------------------- markdown
-def row_axes(table: tables.Table) -> list[str]:
+def row_axes(table: tables.Table, setting: str = "paper") -> list[str]:
     col = table.layout.get("columns") or table.layout.get("x")
-    return [a for a in table.axes if a != col]
+    return [a for a in table.axes_of(setting) if a != col]
 
 
 def col_axis(table: tables.Table) -> str | None:
@@ -257,7 +258,7 @@ def markdown_table(table, found, setting: str) -> list[str]:
         name = table.label(col, v) if col else ""
         head += [f"{name} measured", f"{name} paper", "Δ", f"{name} vs {baseline_label(table)}"]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
-    rows = list(dict.fromkeys(tuple((a, c[a]) for a in row_axes(table)) for c in cells))
+    rows = list(dict.fromkeys(tuple((a, c[a]) for a in row_axes(table, setting)) for c in cells))
     for variant in ("paper", "tuned"):
         if not found[variant]:
             continue
@@ -267,7 +268,8 @@ def markdown_table(table, found, setting: str) -> list[str]:
             texts = []
             for v in cols:
                 cell = {**dict(r), **({col: v} if col else {})}
-                texts += cell_text(table, found, variant, {a: cell[a] for a in table.axes})
+                axes = table.axes_of(setting)
+                texts += cell_text(table, found, variant, {a: cell[a] for a in axes})
             lines.append(f"| {label} | " + " | ".join(texts) + " |")
     return lines
 
@@ -284,7 +286,7 @@ def verdict_lines(table, found, setting: str) -> list[str]:
         for cell in table.cells(setting):
             if cell.get(axis) in (None, ref):
                 continue
-            text = verdict(table, found, variant, cell, base)
+            text = verdict(table, found, variant, cell, base, setting)
             if text:
                 by_col.setdefault(column_name(table, cell, col, axis), []).append(text)
         tag = "tuned" if variant == "tuned" else "the paper's hyper-parameters"
@@ -301,14 +303,16 @@ def column_name(table, cell: dict, col: str | None, axis: str) -> str:
     return f"{col} {label}" if label == str(cell[col]) else label
 
 
-def verdict(table, found, variant: str, cell: dict, base: str) -> str | None:
+def verdict(table, found, variant: str, cell: dict, base: str, setting: str) -> str | None:
     """One row against the baseline in one cell; None when either side has fewer than 2 seeds."""
     axis, ref = table.baseline
     vals = cell_values(table, found, variant, cell)
     c = stats.compare(cell_values(table, found, variant, {**cell, axis: ref}), vals)
     if c.mark == "n/a":
         return None
-    axes = row_axes(table) + [a for a in [col_axis(table)] if a == axis]  # baseline: a column
+    axes = row_axes(table, setting) + [
+        a for a in [col_axis(table)] if a == axis
+    ]  # baseline: a column
     row = ", ".join(table.label(a, cell[a]) for a in axes)
     row += SIM_MARK if is_simulated(found, variant, cell) else ""
     paper = paper_difference(table, cell)
@@ -355,6 +359,18 @@ def stats_note(table) -> str:
     )
 
 
+def grid_text(t: tables.Tune) -> str:
+    """The tuning grid's learning rates, the same for every mechanism or one per mechanism."""
+    if not isinstance(t.lr, dict):
+        return f"Grid, the same for every mechanism: lr in {t.lr} x the clip settings below"
+    per = "; ".join(f"{m}: lr in {lrs}" for m, lrs in t.lr.items())
+    return f"Grids per mechanism (their axes differ): {per}; each x the clip settings below"
+
+
+def ratio_text(t: tables.Tune) -> str:
+    return "its grid's ratio" if isinstance(t.lr, dict) else f"x{t.step():g}"
+
+
 def tuning_lines(table, found, setting: str = "paper") -> list[str]:
     if not found["tune"]:
         return []
@@ -363,9 +379,9 @@ def tuning_lines(table, found, setting: str = "paper") -> list[str]:
     lines = [
         "## Tuning",
         "",
-        f"Grid, the same for every mechanism: lr in {t.lr} x the clip settings below"
+        grid_text(t)
         + (
-            f", a best lr at an edge extended by x{t.step():g} (at most {t.extend} times a side)"
+            f", a best lr at an edge extended by {ratio_text(t)} (at most {t.extend} times a side)"
             if t.extend
             else ""
         )
@@ -421,7 +437,7 @@ def plot_metric(table, found, setting: str, proj: dict, out: Path) -> list[Path]
     cells = table.cells(setting)
     if col is None or not _numeric([c[col] for c in cells]):
         return []
-    rows = list(dict.fromkeys(tuple((a, c[a]) for a in row_axes(table)) for c in cells))
+    rows = list(dict.fromkeys(tuple((a, c[a]) for a in row_axes(table, setting)) for c in cells))
     xs = list(dict.fromkeys(c[col] for c in cells))
     written = []
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -454,7 +470,8 @@ def plot_metric(table, found, setting: str, proj: dict, out: Path) -> list[Path]
                 label=f"{label}: paper's value",
             )
     ax.set_xlabel(table.label("_axis", col))
-    ax.set_ylabel(f"{table.metric} (%)" if "accuracy" in table.metric else table.metric)
+    metric = table.metric_of(setting)
+    ax.set_ylabel(f"{metric} (%)" if "accuracy" in metric else metric)
     ax.set_title(table.title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
