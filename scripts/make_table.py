@@ -295,6 +295,60 @@ def verdict_lines(table, found, setting: str) -> list[str]:
     return [head, "", *out, ""] if out else []
 
 
+def eval_curve(job: tables.Job, split: str) -> dict[int, float]:
+    """step -> the accuracy of each evaluation in a run's metrics.jsonl."""
+    key = f"{split}/accuracy"
+    return {int(m["step"]): m[key] for m in RunDir(job.dir).metrics() if key in m}
+
+
+def check_lines(table, found, setting: str) -> list[str]:
+    """The setting's scaling check (``check: {axis, reference, steps, n}``), as its note
+    states it: per row, accepted when at every step the reference run's accuracy p lies in
+    the other runs' [min, max] widened by sqrt(p (1 - p) / n) on both sides."""
+    chk = table.setting(setting).check
+    if not chk:
+        return []
+    axis, ref = chk["axis"], chk["reference"]
+    split = "validation" if "validation" in table.metric_of(setting) else "test"
+    out = [f"**Scaling check** ({split} accuracy, %, at steps {chk['steps']}; {axis} = "
+           f"{table.label(axis, ref)} against the others' seeds, widened by sqrt(p (1 - p) / "
+           f"{chk['n']})):", "", "| cell | step | reference p | others (seeds) | interval | inside |",
+           "|---|---:|---:|---|---|---|"]  # fmt: skip
+    verdicts = []
+    for cell in table.cells(setting):
+        if cell[axis] == ref:
+            continue
+        label = ", ".join(table.label(a, cell[a]) for a in row_axes(table, setting))
+        ref_jobs = found["paper"].get(tables.cell_id({**cell, axis: ref}), [])
+        jobs = found["paper"].get(tables.cell_id(cell), [])
+        if not ref_jobs or len(jobs) < 2:
+            verdicts.append(f"{label}: waiting for runs")
+            continue
+        rows, word = check_row(label, eval_curve(ref_jobs[0], split),
+                               [eval_curve(j, split) for j in jobs], chk)  # fmt: skip
+        out += rows
+        verdicts.append(f"{label}: {word}")
+    return [*out, "", *[f"- {v}" for v in verdicts], ""]
+
+
+def check_row(label: str, ref: dict, curves: list[dict], chk: dict) -> tuple[list[str], str]:
+    """One row's lines of the scaling check and its verdict."""
+    rows, inside = [], []
+    for st in chk["steps"]:
+        vals, p = [c.get(st) for c in curves], ref.get(st)
+        if p is None or None in vals:
+            inside.append(None)
+            continue
+        w = math.sqrt(p * (1 - p) / chk["n"])
+        lo, hi = min(vals) - w, max(vals) + w
+        inside.append(lo <= p <= hi)
+        others = ", ".join(f"{100 * v:.2f}" for v in vals)
+        rows.append(f"| {label} | {st} | {100 * p:.2f} | {others} | [{100 * lo:.2f}, "
+                    f"{100 * hi:.2f}] | {'yes' if inside[-1] else '**no**'} |")  # fmt: skip
+    word = "incomplete" if None in inside else "**accepted**" if all(inside) else "**rejected**"
+    return rows, word
+
+
 def column_name(table, cell: dict, col: str | None, axis: str) -> str:
     """A verdict line's column, named with its axis where its label is the bare value."""
     if not col or col == axis:  # the baseline is a column: each row names its own
@@ -594,6 +648,7 @@ def render(table, args) -> Path:
         + markdown_table(table, found, args.setting)
         + [""]
         + verdict_lines(table, found, args.setting)
+        + check_lines(table, found, args.setting)
     )
     figs = plot_metric(table, found, args.setting, proj, dest)
     lines += [f"![{f.stem}]({f.name})" for f in figs] + [""]

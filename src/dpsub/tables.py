@@ -82,6 +82,8 @@ class Setting:
     #: the rendered table must say so (make_table refuses simulated runs in an unmarked setting)
     simulated: bool = False
     metric: str | None = None  # the summary key its table reports (default: the table's)
+    #: a scaling check rendered under the table: {axis, reference, steps, n} (make_table.py)
+    check: dict | None = None
 
 
 @dataclass
@@ -287,7 +289,7 @@ def _parse(path: Path, raw: dict) -> Table:
 
 
 SETTING_KEYS = {"note", "overrides", "axes", "seeds", "axis_overrides", "tune", "simulated",
-                "metric", "labels"}  # fmt: skip
+                "metric", "labels", "check"}  # fmt: skip
 
 
 def _parse_setting(path: Path, name: str, s: dict, axes: dict, labels: dict) -> Setting:
@@ -304,6 +306,7 @@ def _parse_setting(path: Path, name: str, s: dict, axes: dict, labels: dict) -> 
     if bad:
         raise ConfigError(f"{key}.{sorted(bad)[0]}: unknown key")
     _check_simulated(path, name, s)
+    _check_check(key, s.get("check"), {**axes, **s.get("axes", {})})
     for axis, names in (s.get("labels") or {}).items():
         for value, label in names.items():
             if labels.get(axis, {}).get(value, label) != label:
@@ -312,8 +315,19 @@ def _parse_setting(path: Path, name: str, s: dict, axes: dict, labels: dict) -> 
     return Setting(
         name, s.get("note", ""), s.get("overrides", []), s.get("axes", {}), s.get("seeds"),
         s.get("axis_overrides", {}), _parse_tune(path, f"settings.{name}.tune", s.get("tune")),
-        bool(s.get("simulated", False)), s.get("metric"),
+        bool(s.get("simulated", False)), s.get("metric"), s.get("check"),
     )  # fmt: skip
+
+
+def _check_check(key: str, check: dict | None, axes: dict) -> None:
+    """``check: {axis, reference, steps, n}``: a value of one of the setting's axes, the
+    evaluation steps compared, and the number of examples each evaluation scores."""
+    if check is None:
+        return
+    ok = (isinstance(check, dict) and set(check) == {"axis", "reference", "steps", "n"}
+          and check["reference"] in axes.get(check["axis"], []))  # fmt: skip
+    if not ok:
+        raise ConfigError(f"{key}.check: {{axis, reference (one of its values), steps, n}}")
 
 
 def _check_simulated(path: Path, name: str, raw: dict) -> None:

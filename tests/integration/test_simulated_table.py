@@ -72,3 +72,48 @@ def test_a_table_setting_that_simulates_must_be_marked(tmp_path):
         tables.load_table(spec)
     spec.write_text(MARKED.replace("train.max_steps=2,", sim))
     assert tables.load_table(spec).setting("tiny").simulated
+
+
+CHECKED = """\
+title: Scaling
+metric: test_accuracy
+layout: {rows: mechanism, columns: epsilon}
+experiment: demo
+axes: {mechanism: [dpsgd], epsilon: [2]}
+paper: [{mechanism: dpsgd, epsilon: 2, value: 50}]
+settings:
+  s:
+    simulated: true
+    metric: validation_accuracy
+    axes: {batch: [1000, 128]}
+    seeds: {all: [0, 1], "batch=1000": [0]}
+    axis_overrides: {batch: {1000: [train.batch_size=1000], 128: [train.batch_size=128]}}
+    check: {axis: batch, reference: 1000, steps: [100, 200], n: 5000}
+"""
+
+
+def test_the_scaling_check_accepts_a_reference_inside_the_widened_spread(tmp_path):
+    """Inside [min - w, max + w] at every step (w = sqrt(p (1 - p) / n)): accepted; one step
+    outside: rejected."""
+    make_table = load_script("make_table")
+    spec = tmp_path / "t.yaml"
+    spec.write_text(CHECKED)
+    table = tables.load_table(spec)
+    w = (0.5 * 0.5 / 5000) ** 0.5  # 0.00707 at p = 0.5
+
+    def runs(reference_at_200: float):
+        curves = {(1000, 0): {100: 0.5, 200: reference_at_200}, (128, 0): {100: 0.49, 200: 0.50},
+                  (128, 1): {100: 0.51, 200: 0.52}}  # fmt: skip
+        for (batch, seed), curve in curves.items():
+            d = tables.setting_dir(tmp_path, table, "s", []) / "paper"
+            d = d / f"mechanism=dpsgd,epsilon=2,batch={batch},seed={seed}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "summary.json").write_text(json.dumps({"validation_accuracy": curve[200]}))
+            lines = [json.dumps({"step": st, "validation/accuracy": a}) for st, a in curve.items()]
+            (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        found = make_table.collect(table, SimpleNamespace(setting="s", extra=[], runs=tmp_path))
+        return "\n".join(make_table.check_lines(table, found, "s"))
+
+    assert "**accepted**" in runs(0.52 + 0.9 * w)
+    text = runs(0.52 + 1.1 * w)
+    assert "**rejected**" in text and "| 200 |" in text and "**no**" in text
