@@ -84,3 +84,12 @@ def test_an_ambiguous_simulation_is_one_config_error(overrides, key):
 def test_a_reference_batch_larger_than_its_dataset_is_refused():
     with pytest.raises(ConfigError, match="privacy.simulate.batch_size"):
         ref(opts(batch_size=1000, dataset_size=500))
+
+
+def test_the_plan_line_says_the_noise_level_is_simulated():
+    from dpsub.train import plan_line
+
+    line = plan_line(compose_cfg(*SYNTH, "privacy.simulate.batch_size=1000"))
+    assert "SIMULATED noise level of batch 1000 at epsilon 2.0" in line
+    assert "NOT a privacy guarantee" in line
+    assert "SIMULATED" not in plan_line(compose_cfg(*SYNTH))
