@@ -49,6 +49,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from dpsub import stats, studies, tables  # noqa: E402
 from dpsub.errors import ConfigError  # noqa: E402
 from dpsub.paths import project_root  # noqa: E402
+from dpsub.privacy.simulate import NOT_A_GUARANTEE  # noqa: E402
 from dpsub.runs import CHECKPOINT, RunDir, git_commit, provenance  # noqa: E402
 
 PROJECTION = "public_projection.json"
@@ -94,10 +95,66 @@ def collect(table: tables.Table, args) -> dict[str, dict[str, list[tables.Job]]]
     return out
 
 
+SIM_MARK = " (simulated)"
+
+
+def simulation_marks(table: tables.Table, found, setting: str) -> dict[str, list[tuple]]:
+    """variant/cell id -> (reference, own epsilon) of each run, for the cells whose runs
+    draw a simulated noise level (privacy.simulate: not a privacy guarantee). ConfigError
+    for a cell that mixes simulated and real runs, and for simulated runs in a setting not
+    marked ``simulated: true`` (their table would not say what they are)."""
+    marks = {}
+    for variant in ("paper", "tuned", "tune"):
+        for cid, jobs in found[variant].items():
+            runs = [tables.read_summary(j.dir) for j in jobs]
+            sims = [r.get("simulated") for r in runs]
+            n = sum(x is not None for x in sims)
+            if n and n != len(sims):
+                raise ConfigError(f"{variant}/{cid}: {n} of {len(sims)} runs draw a simulated "
+                                  "noise level (privacy.simulate), the others do not")  # fmt: skip
+            if n:
+                marks[f"{variant}/{cid}"] = [(r["simulated"], r.get("epsilon")) for r in runs]
+    if marks and not table.setting(setting).simulated:
+        raise ConfigError(
+            f"setting {setting}: {next(iter(marks))} holds runs at a simulated noise level "
+            f"({NOT_A_GUARANTEE}); mark the setting `simulated: true` in its table file so the "
+            "rendered table says so"
+        )
+    return marks
+
+
+def simulation_note(marks: dict[str, list[tuple]]) -> list[str]:
+    """The rendered table's warning, one line per simulated reference."""
+    if not marks:
+        return []
+    refs: dict[tuple, list[float]] = {}
+    for pairs in marks.values():
+        for sim, own in pairs:
+            key = (sim["run_batch_size"], sim["batch_size"], sim["noise_multiplier_ref"],
+                   sim["epsilon_ref"], sim["delta_ref"], sim["dataset_size_ref"])  # fmt: skip
+            refs.setdefault(key, []).append(own)
+    lines = [f"> **{NOT_A_GUARANTEE[0].upper()}{NOT_A_GUARANTEE[1:]}.** Cells marked "
+             f"*{SIM_MARK.strip()}* come from runs that drew the noise of a larger reference "
+             "batch on their mean gradient (privacy.simulate); the reference's epsilon only "
+             "names that noise level and covers none of them:"]  # fmt: skip
+    for (b, b_ref, z_ref, eps_ref, delta, n_ref), own in refs.items():
+        lines.append(
+            f"> - batch {b} drawing the noise of batch {b_ref} at z_ref {z_ref:.4g} (epsilon "
+            f"{eps_ref:.3g}, delta {delta:g}, N {n_ref}); the runs' own epsilon, from the "
+            f"noise they drew: {min(own):.3g}-{max(own):.3g}"
+        )
+    return [*lines, ""]
+
+
+def is_simulated(found, variant: str, cell: dict) -> bool:
+    return f"{variant}/{tables.cell_id(cell)}" in found.get("simulated", {})
+
+
 def metric_values(table: tables.Table, jobs: list[tables.Job]) -> list[float]:
     """The table's metric of each run, in % for accuracies."""
-    vals = [tables.read_summary(j.dir).get(table.metric) for j in jobs]
-    scale = 100.0 if "accuracy" in table.metric else 1.0
+    metric = table.metric_of(jobs[0].setting) if jobs else table.metric
+    vals = [tables.read_summary(j.dir).get(metric) for j in jobs]
+    scale = 100.0 if "accuracy" in metric else 1.0
     return [scale * v for v in vals if isinstance(v, (int, float))]
 
 
@@ -155,9 +212,9 @@ def projections(table, found, args) -> dict[str, list[float]]:
 
 
 # -------------------------------------------------------------- markdown
-def row_axes(table: tables.Table) -> list[str]:
+def row_axes(table: tables.Table, setting: str = "paper") -> list[str]:
     col = table.layout.get("columns") or table.layout.get("x")
-    return [a for a in table.axes if a != col]
+    return [a for a in table.axes_of(setting) if a != col]
 
 
 def col_axis(table: tables.Table) -> str | None:
@@ -189,7 +246,7 @@ def cell_text(table, found, variant, cell) -> list[str]:
         base = cell_values(table, found, variant, {**cell, axis: ref})
         if base:
             vs = stats.compare(base, vals).text()
-    return [s.text(), ptxt, diff, vs]
+    return [s.text() + (SIM_MARK if is_simulated(found, variant, cell) else ""), ptxt, diff, vs]
 
 
 def markdown_table(table, found, setting: str) -> list[str]:
@@ -201,7 +258,7 @@ def markdown_table(table, found, setting: str) -> list[str]:
         name = table.label(col, v) if col else ""
         head += [f"{name} measured", f"{name} paper", "Δ", f"{name} vs {baseline_label(table)}"]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
-    rows = list(dict.fromkeys(tuple((a, c[a]) for a in row_axes(table)) for c in cells))
+    rows = list(dict.fromkeys(tuple((a, c[a]) for a in row_axes(table, setting)) for c in cells))
     for variant in ("paper", "tuned"):
         if not found[variant]:
             continue
@@ -211,7 +268,8 @@ def markdown_table(table, found, setting: str) -> list[str]:
             texts = []
             for v in cols:
                 cell = {**dict(r), **({col: v} if col else {})}
-                texts += cell_text(table, found, variant, {a: cell[a] for a in table.axes})
+                axes = table.axes_of(setting)
+                texts += cell_text(table, found, variant, {a: cell[a] for a in axes})
             lines.append(f"| {label} | " + " | ".join(texts) + " |")
     return lines
 
@@ -228,13 +286,67 @@ def verdict_lines(table, found, setting: str) -> list[str]:
         for cell in table.cells(setting):
             if cell.get(axis) in (None, ref):
                 continue
-            text = verdict(table, found, variant, cell, base)
+            text = verdict(table, found, variant, cell, base, setting)
             if text:
                 by_col.setdefault(column_name(table, cell, col, axis), []).append(text)
         tag = "tuned" if variant == "tuned" else "the paper's hyper-parameters"
         out += [f"- {c + ', ' if c else ''}{tag}: " + "; ".join(t) + "." for c, t in by_col.items()]
     head = f"**What the runs say** (Welch, {stats.ALPHA}; the paper's difference beside it):"
     return [head, "", *out, ""] if out else []
+
+
+def eval_curve(job: tables.Job, split: str) -> dict[int, float]:
+    """step -> the accuracy of each evaluation in a run's metrics.jsonl."""
+    key = f"{split}/accuracy"
+    return {int(m["step"]): m[key] for m in RunDir(job.dir).metrics() if key in m}
+
+
+def check_lines(table, found, setting: str) -> list[str]:
+    """The setting's scaling check (``check: {axis, reference, steps, n}``), as its note
+    states it: per row, accepted when at every step the reference run's accuracy p lies in
+    the other runs' [min, max] widened by sqrt(p (1 - p) / n) on both sides."""
+    chk = table.setting(setting).check
+    if not chk:
+        return []
+    axis, ref = chk["axis"], chk["reference"]
+    split = "validation" if "validation" in table.metric_of(setting) else "test"
+    out = [f"**Scaling check** ({split} accuracy, %, at steps {chk['steps']}; {axis} = "
+           f"{table.label(axis, ref)} against the others' seeds, widened by sqrt(p (1 - p) / "
+           f"{chk['n']})):", "", "| cell | step | reference p | others (seeds) | interval | inside |",
+           "|---|---:|---:|---|---|---|"]  # fmt: skip
+    verdicts = []
+    for cell in table.cells(setting):
+        if cell[axis] == ref:
+            continue
+        label = ", ".join(table.label(a, cell[a]) for a in row_axes(table, setting))
+        ref_jobs = found["paper"].get(tables.cell_id({**cell, axis: ref}), [])
+        jobs = found["paper"].get(tables.cell_id(cell), [])
+        if not ref_jobs or len(jobs) < 2:
+            verdicts.append(f"{label}: waiting for runs")
+            continue
+        rows, word = check_row(label, eval_curve(ref_jobs[0], split),
+                               [eval_curve(j, split) for j in jobs], chk)  # fmt: skip
+        out += rows
+        verdicts.append(f"{label}: {word}")
+    return [*out, "", *[f"- {v}" for v in verdicts], ""]
+
+
+def check_row(label: str, ref: dict, curves: list[dict], chk: dict) -> tuple[list[str], str]:
+    """One row's lines of the scaling check and its verdict."""
+    rows, inside = [], []
+    for st in chk["steps"]:
+        vals, p = [c.get(st) for c in curves], ref.get(st)
+        if p is None or None in vals:
+            inside.append(None)
+            continue
+        w = math.sqrt(p * (1 - p) / chk["n"])
+        lo, hi = min(vals) - w, max(vals) + w
+        inside.append(lo <= p <= hi)
+        others = ", ".join(f"{100 * v:.2f}" for v in vals)
+        rows.append(f"| {label} | {st} | {100 * p:.2f} | {others} | [{100 * lo:.2f}, "
+                    f"{100 * hi:.2f}] | {'yes' if inside[-1] else '**no**'} |")  # fmt: skip
+    word = "incomplete" if None in inside else "**accepted**" if all(inside) else "**rejected**"
+    return rows, word
 
 
 def column_name(table, cell: dict, col: str | None, axis: str) -> str:
@@ -245,15 +357,18 @@ def column_name(table, cell: dict, col: str | None, axis: str) -> str:
     return f"{col} {label}" if label == str(cell[col]) else label
 
 
-def verdict(table, found, variant: str, cell: dict, base: str) -> str | None:
+def verdict(table, found, variant: str, cell: dict, base: str, setting: str) -> str | None:
     """One row against the baseline in one cell; None when either side has fewer than 2 seeds."""
     axis, ref = table.baseline
     vals = cell_values(table, found, variant, cell)
     c = stats.compare(cell_values(table, found, variant, {**cell, axis: ref}), vals)
     if c.mark == "n/a":
         return None
-    axes = row_axes(table) + [a for a in [col_axis(table)] if a == axis]  # baseline: a column
+    axes = row_axes(table, setting) + [
+        a for a in [col_axis(table)] if a == axis
+    ]  # baseline: a column
     row = ", ".join(table.label(a, cell[a]) for a in axes)
+    row += SIM_MARK if is_simulated(found, variant, cell) else ""
     paper = paper_difference(table, cell)
     tail = "" if paper is None else f"; paper {paper:+.1f}"
     if not c.significant:
@@ -311,6 +426,18 @@ def tuned_note(found) -> list[str]:
     return [TUNED_NOTE, ""] if found["tuned"] else []
 
 
+def grid_text(t: tables.Tune) -> str:
+    """The tuning grid's learning rates, the same for every mechanism or one per mechanism."""
+    if not isinstance(t.lr, dict):
+        return f"Grid, the same for every mechanism: lr in {t.lr} x the clip settings below"
+    per = "; ".join(f"{m}: lr in {lrs}" for m, lrs in t.lr.items())
+    return f"Grids per mechanism (their axes differ): {per}; each x the clip settings below"
+
+
+def ratio_text(t: tables.Tune) -> str:
+    return "its grid's ratio" if isinstance(t.lr, dict) else f"x{t.step():g}"
+
+
 def tuning_lines(table, found, setting: str = "paper") -> list[str]:
     if not found["tune"]:
         return []
@@ -319,9 +446,9 @@ def tuning_lines(table, found, setting: str = "paper") -> list[str]:
     lines = [
         "## Tuning",
         "",
-        f"Grid, the same for every mechanism: lr in {t.lr} x the clip settings below"
+        grid_text(t)
         + (
-            f", a best lr at an edge extended by x{t.step():g} (at most {t.extend} times a side)"
+            f", a best lr at an edge extended by {ratio_text(t)} (at most {t.extend} times a side)"
             if t.extend
             else ""
         )
@@ -378,7 +505,7 @@ def plot_metric(table, found, setting: str, proj: dict, out: Path) -> list[Path]
     cells = table.cells(setting)
     if col is None or not _numeric([c[col] for c in cells]):
         return []
-    rows = list(dict.fromkeys(tuple((a, c[a]) for a in row_axes(table)) for c in cells))
+    rows = list(dict.fromkeys(tuple((a, c[a]) for a in row_axes(table, setting)) for c in cells))
     xs = list(dict.fromkeys(c[col] for c in cells))
     written = []
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -411,7 +538,8 @@ def plot_metric(table, found, setting: str, proj: dict, out: Path) -> list[Path]
                 label=f"{label}: paper's value",
             )
     ax.set_xlabel(table.label("_axis", col))
-    ax.set_ylabel(f"{table.metric} (%)" if "accuracy" in table.metric else table.metric)
+    metric = table.metric_of(setting)
+    ax.set_ylabel(f"{metric} (%)" if "accuracy" in metric else metric)
     ax.set_title(table.title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -516,6 +644,10 @@ def copy_runs(found, dest: Path) -> None:
 
 def render(table, args) -> Path:
     found = collect(table, args)
+    try:
+        found["simulated"] = simulation_marks(table, found, args.setting)
+    except ConfigError as e:
+        die(str(e))
     if not any(found[v] for v in ("paper", "tuned", "tune")):
         die(
             f"no finished runs of {table.name} under {tables.setting_dir(args.runs, table, args.setting, args.extra)}"
@@ -526,10 +658,12 @@ def render(table, args) -> Path:
     copy_runs(found, dest)
     lines = (
         header(table, args, found, recorded(dest, args))
+        + simulation_note(found["simulated"])
         + markdown_table(table, found, args.setting)
         + [""]
         + tuned_note(found)
         + verdict_lines(table, found, args.setting)
+        + check_lines(table, found, args.setting)
     )
     figs = plot_metric(table, found, args.setting, proj, dest)
     lines += [f"![{f.stem}]({f.name})" for f in figs] + [""]

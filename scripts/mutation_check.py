@@ -79,6 +79,20 @@ MUTANTS = (
         ("tests/integration/test_pate_run.py",),
     ),
     Mutant(
+        "simulated-run-marked-covered",
+        "src/dpsub/training/trainer.py",
+        '        uncover(run, "simulated_noise")\n',
+        "        pass\n",
+        ("tests/integration/test_simulated_run.py", "-k", "labelled"),
+    ),
+    Mutant(
+        "simulated-run-charged-the-reference-noise",
+        "src/dpsub/privacy/account.py",
+        "noise_multiplier, epsilon = simulation.noise_multiplier, math.inf",
+        "noise_multiplier, epsilon = simulation.noise_multiplier_ref, math.inf",
+        ("tests/unit/test_simulate.py", "-k", "charges_the_noise_drawn"),
+    ),
+    Mutant(
         "dpsgd-half-noise",
         "src/dpsub/mechanisms/dpsgd.py",
         "std = ctx.noise.std(ctx.z, self.opts.clip)",

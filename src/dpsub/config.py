@@ -52,6 +52,23 @@ class DatasetSchema:
 
 
 @dataclass
+class SimulateSchema:
+    """``privacy.simulate``: noise-matched simulation, NOT a privacy guarantee
+    (dpsub.privacy.simulate): the run draws the mean-gradient noise of a reference batch."""
+
+    batch_size: int | None = opt(None, ge=1, help="B_ref: the batch whose noise level is simulated")
+    noise_multiplier: float | None = opt(None, gt=0, help="z_ref, given (else calibrated)")
+    epsilon: float | None = opt(
+        None, gt=0, help="the reference's epsilon (default privacy.epsilon)"
+    )
+    delta: float | None = opt(
+        None, gt=0, lt=1, help="the reference's delta (default privacy.delta)"
+    )
+    dataset_size: int | None = opt(None, ge=1, help="N_ref (default the run's N)")
+    steps: int | None = opt(None, ge=1, help="the reference's steps (default the run's)")
+
+
+@dataclass
 class PrivacySchema:
     epsilon: float = opt(2.0, gt=0)
     delta: float = opt(1e-5, gt=0, lt=1)
@@ -60,6 +77,7 @@ class PrivacySchema:
     noise_multiplier: float | None = opt(None, gt=0)
     rng: str = opt("seeded", choices=RNGS)
     private_diagnostics: bool = False
+    simulate: SimulateSchema = field(default_factory=SimulateSchema)
 
 
 @dataclass
@@ -316,6 +334,7 @@ def _mechanism_options(
     options = parse_options(name, mech)
     if usable:
         _check_measured(name, options, p)
+    _check_simulate(name, p)
     aux = aux_options(cfg.aux)
     check_aux_config(aux)
     if SPECS[name].needs_aux and aux.get("name") == "none":
@@ -342,6 +361,34 @@ def _check_measured(name: str, options: Any, p: DictConfig) -> None:
         "privacy.noise_multiplier=SIGMA privacy.epsilon=1e12 as it does, or use "
         f"mechanism={name}_floor or mechanism.accounting=nominal (not a guarantee)"
     )
+
+
+def _check_simulate(name: str, p: DictConfig) -> None:
+    """``privacy.simulate``: a reference batch, one way to set its multiplier, a private
+    mechanism (one charged its planned noise: PrivacyAccount.open checks the policy)."""
+    sim = p.simulate
+    if sim.batch_size is None:
+        for k in ("noise_multiplier", "epsilon", "delta", "dataset_size", "steps"):
+            _require(sim[k] is None, f"privacy.simulate.{k}",
+                     "describes a reference batch; set privacy.simulate.batch_size too", sim[k])  # fmt: skip
+        return
+    _require(
+        p.noise_multiplier is None, "privacy.noise_multiplier",
+        "cannot be fixed in a simulated run (privacy.simulate.batch_size): it draws "
+        "z_ref * batch / privacy.simulate.batch_size; give z_ref as "
+        "privacy.simulate.noise_multiplier", p.noise_multiplier,
+    )  # fmt: skip
+    _require(
+        sim.noise_multiplier is None or sim.epsilon is None, "privacy.simulate.epsilon",
+        "set either privacy.simulate.noise_multiplier (z_ref given) or the reference's "
+        "epsilon (z_ref calibrated), not both", sim.epsilon,
+    )  # fmt: skip
+    from dpsub.mechanisms.options import SPECS
+
+    _require(
+        SPECS[name].private, "privacy.simulate.batch_size",
+        f"mechanism {name} draws no noise; there is no noise level to simulate", sim.batch_size,
+    )  # fmt: skip
 
 
 def check_environment(cfg: DictConfig) -> None:

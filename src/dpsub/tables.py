@@ -71,10 +71,19 @@ class Setting:
     name: str
     note: str = "the paper's setting"
     overrides: Any = field(default_factory=list)  # list, or {all: [...], <mechanism>: [...]}
-    axes: dict[str, list] = field(default_factory=dict)  # restriction of the table's axes
-    seeds: list[int] | None = None
+    #: restriction of the table's axes, or a new axis of its own (its values' overrides in
+    #: ``axis_overrides``, their names in ``labels``)
+    axes: dict[str, list] = field(default_factory=dict)
+    #: a list, or a mapping {all: [...], "AXIS=VALUE": [...]}: the first key a cell matches
+    seeds: list[int] | dict[str, list[int]] | None = None
     axis_overrides: dict[str, Any] = field(default_factory=dict)  # replace the table's entries
     tune: Tune | None = None  # the setting's own tuning grid (default: the table's)
+    #: some runs draw a simulated noise level (privacy.simulate): NOT a privacy guarantee, and
+    #: the rendered table must say so (make_table refuses simulated runs in an unmarked setting)
+    simulated: bool = False
+    metric: str | None = None  # the summary key its table reports (default: the table's)
+    #: a scaling check rendered under the table: {axis, reference, steps, n} (make_table.py)
+    check: dict | None = None
 
 
 @dataclass
@@ -83,7 +92,8 @@ class Tune:
 
     validation_size: int
     seed: int
-    lr: list[float]
+    #: the learning rates, or per mechanism where the grids' axes differ (docs/tables.md)
+    lr: list[float] | dict[str, list[float]]
     clip: dict[str, list[list[str]]]  # mechanism -> clip settings (each a list of overrides)
     extend: int = (
         0  # a best lr at the grid's edge adds the next lr beyond it, up to this many times a side
@@ -95,11 +105,19 @@ class Tune:
         clips = self.clip.get(mechanism)
         if not clips:
             raise ConfigError(f"tune.clip: no clip settings for mechanism {mechanism!r}")
-        return [(lr, i) for lr in (lrs or self.lr) for i in range(len(clips))]
+        return [(lr, i) for lr in (lrs or self.lrs_of(mechanism)) for i in range(len(clips))]
 
-    def step(self) -> float:
+    def lrs_of(self, mechanism: str) -> list[float]:
+        """The grid's learning rates for ``mechanism``."""
+        if not isinstance(self.lr, dict):
+            return list(self.lr)
+        if mechanism not in self.lr:
+            raise ConfigError(f"tune.lr: no learning rates for mechanism {mechanism!r}")
+        return list(self.lr[mechanism])
+
+    def step(self, mechanism: str | None = None) -> float:
         """The ratio between the grid's neighbouring learning rates (the extension's step)."""
-        lrs = sorted(self.lr)
+        lrs = sorted(self.lrs_of(mechanism) if mechanism else self.lr)
         return lrs[1] / lrs[0] if len(lrs) > 1 and lrs[0] > 0 else 10.0
 
 
@@ -131,16 +149,27 @@ class Table:
             raise ConfigError(f"--setting: table {self.name} has no setting {name!r} ({known})")
         return self.settings[name]
 
+    def axes_of(self, setting: str = "paper") -> dict[str, list]:
+        """The setting's axes: the table's, restricted, then any of the setting's own."""
+        return {**self.axes, **self.setting(setting).axes}
+
     def cells(self, setting: str = "paper") -> list[dict]:
         """The grid's cells (axis -> value), in axis order, restricted by the setting."""
-        axes = {**self.axes, **self.setting(setting).axes}
+        axes = self.axes_of(setting)
         return [
             dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())
         ]
 
-    def seeds_of(self, setting: str) -> list[int]:
+    def seeds_of(self, setting: str, cell: dict | None = None) -> list[int]:
+        """The seeds of ``setting`` (of ``cell``, where they depend on an axis value)."""
         s = self.setting(setting).seeds
+        if isinstance(s, dict):  # {all: [...], "AXIS=VALUE": [...]}: the first key matched
+            match = [k for k in s if "=" in k and _matches(k, cell or {})]
+            s = s[match[0]] if match else s.get("all")
         return list(self.seeds if s is None else s)
+
+    def metric_of(self, setting: str) -> str:
+        return self.setting(setting).metric or self.metric
 
     def paper_cell(self, cell: dict) -> dict | None:
         """The paper's entry (value, std, note) of a cell, if it has one."""
@@ -168,6 +197,12 @@ class Table:
                 entry = entry.get(cell[axis], [])
             out += _select(entry, cell)
         return out + _select(s.overrides, cell)
+
+
+def _matches(key: str, cell: dict) -> bool:
+    """Does ``cell`` have the value ``key`` (``AXIS=VALUE``) names?"""
+    axis, value = key.split("=", 1)
+    return axis in cell and str(cell[axis]) == value
 
 
 def _select(entry: Any, cell: dict) -> list[str]:
@@ -233,24 +268,11 @@ def _parse(path: Path, raw: dict) -> Table:
             raise ConfigError(f"{path}: layout.{role}: unknown role (a {kind} has {roles})")
         if axis not in axes:
             raise ConfigError(f"{path}: layout.{role}: {axis!r} is not an axis")
-    settings = {}
-    for sname, s in (raw.get("settings") or {}).items():
-        bad = set(s.get("axes", {})) - set(axes)
-        if bad:
-            raise ConfigError(f"{path}: settings.{sname}.axes: {sorted(bad)[0]} is not an axis")
-        _check_by_mechanism(path, f"settings.{sname}.overrides", s.get("overrides", []), axes)
-        bad = set(s) - {"note", "overrides", "axes", "seeds", "axis_overrides", "tune"}
-        if bad:
-            raise ConfigError(f"{path}: settings.{sname}.{sorted(bad)[0]}: unknown key")
-        settings[sname] = Setting(
-            sname,
-            s.get("note", ""),
-            s.get("overrides", []),
-            s.get("axes", {}),
-            s.get("seeds"),
-            s.get("axis_overrides", {}),
-            _parse_tune(path, f"settings.{sname}.tune", s.get("tune")),
-        )
+    labels = dict(raw.get("labels") or {})
+    settings = {
+        sname: _parse_setting(path, sname, s, axes, labels)
+        for sname, s in (raw.get("settings") or {}).items()
+    }
     tune = _parse_tune(path, "tune", raw.get("tune"))
     paper = _need(path, raw, "paper", list)
     for i, entry in enumerate(paper):
@@ -260,10 +282,65 @@ def _parse(path: Path, raw: dict) -> Table:
         name=path.stem, title=raw.get("title", path.stem), source=raw.get("source", ""),
         metric=raw.get("metric", "test_accuracy"), kind=kind, layout=layout,
         experiment=_need(path, raw, "experiment", str), axes=axes,
-        seeds=list(raw.get("seeds", [0])), labels=raw.get("labels") or {},
+        seeds=list(raw.get("seeds", [0])), labels=labels,
         overrides=raw.get("overrides") or {}, paper=paper, settings=settings, tune=tune,
         notes=list(raw.get("notes") or []), baseline=_baseline(path, raw, axes),
     )  # fmt: skip
+
+
+SETTING_KEYS = {"note", "overrides", "axes", "seeds", "axis_overrides", "tune", "simulated",
+                "metric", "labels", "check"}  # fmt: skip
+
+
+def _parse_setting(path: Path, name: str, s: dict, axes: dict, labels: dict) -> Setting:
+    """One ``settings.<name>`` entry. A new axis of its own needs its values' overrides
+    (``axis_overrides``); its ``labels`` join the table's (one label per axis value)."""
+    key = f"{path}: settings.{name}"
+    new = set(s.get("axes", {})) - set(axes)
+    bad = new - set(s.get("axis_overrides", {}))
+    if bad:
+        raise ConfigError(f"{key}.axes: {sorted(bad)[0]} is not an axis (a setting's own axis "
+                          "needs its axis_overrides)")  # fmt: skip
+    _check_by_mechanism(path, f"settings.{name}.overrides", s.get("overrides", []), axes)
+    bad = set(s) - SETTING_KEYS
+    if bad:
+        raise ConfigError(f"{key}.{sorted(bad)[0]}: unknown key")
+    _check_simulated(path, name, s)
+    _check_check(key, s.get("check"), {**axes, **s.get("axes", {})})
+    for axis, names in (s.get("labels") or {}).items():
+        for value, label in names.items():
+            if labels.get(axis, {}).get(value, label) != label:
+                raise ConfigError(f"{key}.labels.{axis}.{value}: the table labels it otherwise")
+            labels.setdefault(axis, {})[value] = label
+    return Setting(
+        name, s.get("note", ""), s.get("overrides", []), s.get("axes", {}), s.get("seeds"),
+        s.get("axis_overrides", {}), _parse_tune(path, f"settings.{name}.tune", s.get("tune")),
+        bool(s.get("simulated", False)), s.get("metric"), s.get("check"),
+    )  # fmt: skip
+
+
+def _check_check(key: str, check: dict | None, axes: dict) -> None:
+    """``check: {axis, reference, steps, n}``: a value of one of the setting's axes, the
+    evaluation steps compared, and the number of examples each evaluation scores."""
+    if check is None:
+        return
+    ok = (isinstance(check, dict) and set(check) == {"axis", "reference", "steps", "n"}
+          and check["reference"] in axes.get(check["axis"], []))  # fmt: skip
+    if not ok:
+        raise ConfigError(f"{key}.check: {{axis, reference (one of its values), steps, n}}")
+
+
+def _check_simulated(path: Path, name: str, raw: dict) -> None:
+    """A setting whose overrides simulate a noise level must say so (``simulated: true``)."""
+    if raw.get("simulated") or "privacy.simulate." not in repr(
+        (raw.get("overrides"), raw.get("axis_overrides"))
+    ):
+        return
+    raise ConfigError(
+        f"{path}: settings.{name}.simulated: its overrides set privacy.simulate (a simulated "
+        "noise level, not a privacy guarantee); mark the setting `simulated: true` so its "
+        "table says so"
+    )
 
 
 def _baseline(path: Path, raw: dict, axes: dict) -> tuple[str, Any]:
@@ -284,9 +361,18 @@ def _parse_tune(path: Path, key: str, raw: dict | None) -> Tune | None:
     if bad or not {"validation_size", "lr", "clip"} <= set(raw):
         what = sorted(bad)[0] if bad else "validation_size, lr and clip"
         raise ConfigError(f"{path}: {key}: {what} (known: validation_size, seed, lr, clip, extend)")
-    lr = [float(x) for x in raw["lr"]]
-    if not lr or min(lr) <= 0:
-        raise ConfigError(f"{path}: {key}.lr: a list of positive learning rates")
+    lr = raw["lr"]
+    grids = lr.values() if isinstance(lr, dict) else [lr]
+    if not all(isinstance(g, list) and g and min(map(float, g)) > 0 for g in grids):
+        raise ConfigError(f"{path}: {key}.lr: a list of positive learning rates (or one per "
+                          "mechanism)")  # fmt: skip
+    if isinstance(lr, dict) and set(lr) != set(raw["clip"]):
+        raise ConfigError(f"{path}: {key}.lr: one grid per mechanism of {key}.clip")
+    lr = (
+        {m: [float(x) for x in g] for m, g in lr.items()}
+        if isinstance(lr, dict)
+        else [float(x) for x in lr]
+    )
     return Tune(int(raw["validation_size"]), int(raw.get("seed", 0)), lr, raw["clip"],
                 int(raw.get("extend", 0)))  # fmt: skip
 
@@ -367,7 +453,7 @@ def plan_jobs(
             if picks is None or cid not in picks:
                 continue  # not tuned yet
             pick = picks[cid]
-        for seed in table.seeds_of(setting):
+        for seed in table.seeds_of(setting, cell):
             d = base / f"{cid},seed={seed}"
             jobs.append(
                 Job(
@@ -394,7 +480,7 @@ def _tune_jobs(table, setting, tune: Tune, cell, base: Path, cov, tail) -> list[
     """A cell's tuning jobs over its lr grid, extended while the best lr (by validation
     accuracy, once every point ran) is at an edge, at most ``tune.extend`` times a side."""
     cid, mech = cell_id(cell), cell["mechanism"]
-    lrs, grown = sorted(tune.lr), {"low": 0, "high": 0}
+    lrs, grown = sorted(tune.lrs_of(mech)), {"low": 0, "high": 0}
     while True:
         jobs = []
         for lr, ci in tune.points(mech, lrs):
@@ -409,7 +495,7 @@ def _tune_jobs(table, setting, tune: Tune, cell, base: Path, cov, tail) -> list[
         if side is None or grown[side] >= tune.extend:
             return jobs
         grown[side] += 1
-        new = lrs[0] / tune.step() if side == "low" else lrs[-1] * tune.step()
+        new = lrs[0] / tune.step(mech) if side == "low" else lrs[-1] * tune.step(mech)
         lrs = sorted([*lrs, float(f"{new:.6g}")])
 
 

@@ -65,6 +65,8 @@ def plan_line(cfg: DictConfig) -> str:
     p, t = cfg.privacy, cfg.train
     if cfg.mechanism.name == "nonprivate":
         budget = "non-private"
+    elif (p.get("simulate") or {}).get("batch_size") is not None:
+        budget = _simulated_budget(p)
     elif p.noise_multiplier is not None:
         budget = f"noise multiplier {p.noise_multiplier}, epsilon <= {p.epsilon}"
     else:
@@ -76,6 +78,19 @@ def plan_line(cfg: DictConfig) -> str:
     return (
         f"plan: {cfg.mechanism.name} on {cfg.dataset.name} with {cfg.model.name}{aux} | "
         f"{budget} | {steps}"
+    )
+
+
+def _simulated_budget(p: DictConfig) -> str:
+    """The plan line's budget of a noise-matched run (privacy.simulate)."""
+    sim = p.simulate
+    ref = (
+        f"z_ref {sim.noise_multiplier}" if sim.noise_multiplier is not None
+        else f"epsilon {sim.epsilon or p.epsilon}"
+    )  # fmt: skip
+    return (
+        f"SIMULATED noise level of batch {sim.batch_size} at {ref} (NOT a privacy guarantee; "
+        "the run's own epsilon is logged)"
     )
 
 

@@ -92,7 +92,8 @@ def tiny_setting(table, setting: str):
     tune = table.tune_of(setting)
     if tune is not None:
         clip = {m: c[:1] for m, c in tune.clip.items()}
-        tune = tables.Tune(16, 0, tune.lr[:1], clip, extend=0)
+        lr = {m: tune.lrs_of(m)[:1] for m in clip}
+        tune = tables.Tune(16, 0, lr, clip, extend=0)
     blank = {a: {} for a in {**table.overrides, **base.axis_overrides}}
     return tables.Setting(
         "tiny", "CPU test of the GPU kit", TINY_OVERRIDES, base.axes, [0], blank, tune

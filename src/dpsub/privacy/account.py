@@ -24,10 +24,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dpsub.errors import PrivacyError
+from dpsub.errors import ConfigError, PrivacyError
 from dpsub.privacy.accountant import PrivacyLedger, PrivacyPlan, calibrate_plan, fixed_plan
 from dpsub.privacy.noise import NoiseRecord, effective_multiplier
 from dpsub.privacy.sampling import build_sampler, sample_rate
+from dpsub.privacy.simulate import Simulation
 
 __all__ = ["POLICIES", "REL_TOL", "PrivacyAccount"]
 
@@ -54,6 +55,8 @@ class PrivacyAccount:
     ledger: PrivacyLedger | None  # what the run is charged (honest)
     nominal: PrivacyLedger | None  # measured / nominal policies: the planned multipliers
     sampler: object | None = None
+    #: a noise-matched simulation (NOT a guarantee): z is its z_run, no budget is enforced
+    simulation: Simulation | None = None
 
     @classmethod
     def open(
@@ -71,12 +74,15 @@ class PrivacyAccount:
         sampling: str = "poisson",
         uniform=None,
         device=None,
+        simulation: Simulation | None = None,
     ) -> PrivacyAccount:
         """The account of a run of ``steps`` steps over ``n`` examples.
 
         ``phases``: the mechanism's privacy schedule (None: a non-private mechanism).
         The base multiplier is ``noise_multiplier`` if given, else calibrated to spend
         ``epsilon`` at ``delta``. ``uniform`` (n -> uniforms in [0, 1)) drives the sampler.
+        ``simulation``: the run draws (and is charged) its ``z_run`` instead, with no budget:
+        its own epsilon is recorded, the reference's is not a guarantee.
         """
         if policy not in POLICIES:
             raise ValueError(f"accounting must be one of {POLICIES}, got {policy!r}")
@@ -86,6 +92,13 @@ class PrivacyAccount:
         )
         if phases is None:
             return cls(policy, n, batch_size, q, math.inf, None, None, None, sampler)
+        if simulation is not None:  # the noise drawn is z_run; privacy.epsilon is the reference's
+            if policy != "planned":
+                raise ConfigError(
+                    f"privacy.simulate.batch_size: a mechanism with {policy} accounting "
+                    "cannot simulate a noise level (only one charged its planned multiplier)"
+                )
+            noise_multiplier, epsilon = simulation.noise_multiplier, math.inf
         if noise_multiplier is not None:
             z, plan = float(noise_multiplier), fixed_plan(float(noise_multiplier), q, phases)
         else:
@@ -96,7 +109,7 @@ class PrivacyAccount:
         if policy != "planned":
             nominal_budget = epsilon if policy == "nominal" else math.inf
             nominal = PrivacyLedger(delta, accountant, nominal_budget, plan)
-        return cls(policy, n, batch_size, q, z, plan, ledger, nominal, sampler)
+        return cls(policy, n, batch_size, q, z, plan, ledger, nominal, sampler, simulation)
 
     # ----------------------------------------------------------------- policy
     @property

@@ -29,7 +29,7 @@ from dpsub.errors import ConfigError
 from dpsub.grads import GradEngine, auto_microbatch, check_private_model
 from dpsub.mechanisms import Mechanism, StepContext, StepResult, build_mechanism
 from dpsub.models import build_model, count_parameters
-from dpsub.privacy import Privatizer, SecureNoise, SeededNoise
+from dpsub.privacy import Privatizer, SecureNoise, SeededNoise, simulate
 from dpsub.privacy.account import PrivacyAccount
 from dpsub.privacy.sampling import sample_rate, seeded_uniform
 from dpsub.training.distributed import SINGLE, BroadcastNoise, Dist, broadcast_uniform, device_for
@@ -169,14 +169,19 @@ def plan_steps(cfg: Settings | DictConfig, n_train: int) -> tuple[float, int]:
 
 
 def _account(s: Settings, mechanism: Mechanism, n: int, steps: int, uniform, device):
-    """The run's privacy account for the mechanism's schedule and policy."""
+    """The run's privacy account for the mechanism's schedule and policy (and a simulated
+    noise level, ``privacy.simulate``: not a guarantee)."""
     p = s.privacy
+    sim = simulate.reference(
+        p.simulate, batch_size=s.train.batch_size, n=n, steps=steps, phases_of=mechanism.phases,
+        epsilon=p.epsilon, delta=p.delta, accountant=p.accountant,
+    )  # fmt: skip
     return PrivacyAccount.open(
         n=n, batch_size=s.train.batch_size, steps=steps,
         phases=mechanism.phases(steps) if mechanism.private else None,
         policy=mechanism.accounting, epsilon=p.epsilon, delta=p.delta,
         accountant=p.accountant, noise_multiplier=p.noise_multiplier,
-        sampling=p.sampling, uniform=uniform, device=device,
+        sampling=p.sampling, uniform=uniform, device=device, simulation=sim,
     )  # fmt: skip
 
 

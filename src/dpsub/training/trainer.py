@@ -252,6 +252,8 @@ def _uncovered_by_config(run: Run, private: bool) -> None:
         uncover(run, "nominal_accounting")
     if run.settings.privacy.sampling == "shuffle" and run.mechanism.private:
         uncover(run, "shuffle_sampling")  # its epsilon assumes Poisson sampling
+    if run.account.simulation is not None:  # a simulated noise level is no guarantee
+        uncover(run, "simulated_noise")
 
 
 def _header(run: Run, logger) -> dict:
@@ -266,11 +268,20 @@ def _header(run: Run, logger) -> dict:
         "steps": run.total_steps,
         "noise_multiplier": run.z,
         "target": f"epsilon={p.epsilon} delta={p.delta} ({p.accountant}, rng {p.rng})",
+        **_simulated_header(run),
         "device": f"{run.device} (world size {run.dist.world})",
         "grads": f"backend {engine.backend}, microbatch {engine.microbatch}"
         + (", compiled" if engine.compile else ""),
         "logger": logger.describe(),
     }
+
+
+def _simulated_header(run: Run) -> dict:
+    sim = run.account.simulation
+    if sim is None:
+        return {}
+    return {"target": "none: the budget is not enforced (simulated noise level)",
+            "simulate": sim.describe()}  # fmt: skip
 
 
 class _NoLogger:
@@ -353,6 +364,13 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
             "privacy.private_diagnostics=true: the logs hold unprivatized statistics of "
             "the private data; this run's outputs are NOT covered by its epsilon"
         )
+    if run.account.simulation is not None:
+        log.warning(
+            "privacy.simulate: a simulated noise level is NOT a privacy guarantee; the epsilon "
+            "logged is this run's own (noise multiplier %.4g at q=%.5g), the reference's "
+            "epsilon %.4g only names the noise level; this run's outputs are not covered",
+            run.z, run.q, run.account.simulation.epsilon_ref,
+        )  # fmt: skip
     if not run.account.covered_by_epsilon:
         log.warning(
             "mechanism.accounting=nominal: the budget is enforced on the paper's nominal "
@@ -445,6 +463,12 @@ def membership_inference(run: Run, logger) -> dict:
     return result
 
 
+def _simulated_summary(run: Run) -> dict:
+    """``simulated``: the reference a noise-matched run simulates (NOT a guarantee)."""
+    sim = run.account.simulation
+    return {} if sim is None else {"simulated": sim.as_dict()}
+
+
 def run_timing(run: Run) -> dict[str, float]:
     """Run-average throughput (none in secure mode: timing tracks the private batch sizes)."""
     if run.secure or run.run_seconds <= 0:
@@ -485,6 +509,7 @@ def _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval) -> 
         "stopped_by_budget": stopped_by_budget,
         "covered_by_epsilon": not run.uncovered,
         "not_covered": list(run.uncovered),
+        **_simulated_summary(run),
         **mia,
         **run_timing(run),
     }
@@ -495,6 +520,10 @@ def _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval) -> 
     eps_txt = "inf (non-private)" if not math.isfinite(e) else f"{e:.4f}"
     if "epsilon_nominal" in eps:
         eps_txt += f" (nominal {eps['epsilon_nominal']:.4f})"
+    if run.account.simulation is not None:
+        sim = run.account.simulation
+        eps_txt += (f" (this run's own; SIMULATED noise of batch {sim.batch_size} at "
+                    f"epsilon {sim.epsilon_ref:.4g}: not a privacy guarantee)")  # fmt: skip
     timing = run_timing(run)
     speed = f" | {timing['steps_per_s']:.1f} steps/s (run average)" if timing else ""
     log.info(
