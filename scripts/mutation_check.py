@@ -357,7 +357,7 @@ MUTANTS = (
         "src/dpsub/audit/release.py",
         "self.canary.holder = run.dist.main",
         "self.canary.holder = True",
-        ("tests/e2e/test_e2e_distributed.py", "-k", "audit_like_one_process"),
+        ("tests/integration/test_audit_canary_rank.py",),
     ),
     Mutant(
         "onerun-delta-term-dropped",
