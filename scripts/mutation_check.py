@@ -187,6 +187,13 @@ MUTANTS = (
         ("tests/integration/test_train_e2e.py", "-k", "secure_mode_resume"),
     ),
     Mutant(
+        "prv-trusts-a-fixed-plan-past-the-budget",
+        "src/dpsub/privacy/accountant.py",
+        "            return self.steps + 1 <= self._plan_steps_within_budget()",
+        "            return True",
+        ("tests/unit/test_privacy.py", "-k", "fixed_plan"),
+    ),
+    Mutant(
         "resume-accepts-changed-settings",
         "src/dpsub/training/checkpoint.py",
         "    keys = changed_keys(saved_config, config)",
