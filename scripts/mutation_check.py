@@ -194,6 +194,13 @@ MUTANTS = (
         ("tests/unit/test_privacy.py", "-k", "fixed_plan"),
     ),
     Mutant(
+        "sweep-job-dir-named-by-a-resumable-setting",
+        "src/dpsub/sweeps.py",
+        "    excluded = excluded or may_change\n",
+        "    excluded = excluded or (lambda k: k in _EXCLUDED_BEFORE)\n",
+        ("tests/unit/test_sweep_dirs.py",),
+    ),
+    Mutant(
         "resume-accepts-changed-settings",
         "src/dpsub/training/checkpoint.py",
         "    keys = changed_keys(saved_config, config)",

@@ -93,6 +93,41 @@ def _sweep_dir(job: list[str], hydra_overrides: list[str]) -> str | None:
 
 
 # ------------------------------------------------------------ inside each job
+#: The keys job dir names left out before they left out every key a resume may change
+#: (Hydra's ``exclude_keys`` then); only to find the job dirs of a sweep made before.
+_EXCLUDED_BEFORE = (
+    "resume",
+    "logger",
+    "logger.mode",
+    "train.progress",
+    "out_dir",
+    "hydra/launcher",
+)
+
+
+def job_label(overrides: list[str], excluded=None) -> str:
+    """A job's overrides as Hydra's ``override_dirname`` writes them (sorted, comma-joined),
+    without the keys a resume may change: continuing a sweep with ``train.log_every=5``
+    must find the same job dirs (``excluded(key)``: another rule, for old names)."""
+    from dpsub.training.checkpoint import may_change
+
+    excluded = excluded or may_change
+    keys = [o.split("=", 1)[0].lstrip("+~").split("@", 1)[0] for o in overrides]
+    return ",".join(sorted(o for o, k in zip(overrides, keys, strict=True) if not excluded(k)))
+
+
+def job_subdir(sweep_dir: Path, num: int, overrides: list[str]) -> str:
+    """``<job number>_<job_label>`` (the number alone without overrides); a job dir of the
+    same job made before the label left out every key a resume may change is kept."""
+
+    def name(label: str) -> str:
+        return f"{num}_{label}" if label else str(num)
+
+    new = name(job_label(overrides))
+    old = name(job_label(overrides, lambda k: k in _EXCLUDED_BEFORE))
+    return old if not (sweep_dir / new).exists() and (sweep_dir / old).is_dir() else new
+
+
 def run_job(cfg: DictConfig, run_dir: Path, train_fn, name: str) -> float:
     """One sweep job: skip it if finished, resume it if checkpointed, record a failure.
 
@@ -180,6 +215,22 @@ def continue_args(sweep_dir: Path, extra: list[str]) -> list[str]:
             f"resume: a sweep continues with its own overrides ({' '.join(task)}); only "
             f"logging, evaluation and checkpoint settings may be added, got {bad}"
         )
+    swept = [a for a in extra if _is_sweep(a)]
+    if swept:  # more jobs would renumber the sweep: job n would find another job's dir
+        raise ConfigError(
+            f"resume: a sweep continues with its own jobs; an added setting takes one value, "
+            f"got {swept}"
+        )
     keys = {a.split("=")[0] for a in extra}
     task = [o for o in task if o.split("=")[0] not in keys]  # the new value, once
     return ["-m", *task, *hydra_ov, *extra, f"hydra.sweep.dir={_quote(str(sweep_dir))}"]
+
+
+def _is_sweep(override: str) -> bool:
+    """Does ``key=value`` sweep over several values (``a,b``, ``range(...)``, ...)?"""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_override(override).is_sweep_override()
+    except Exception:  # noqa: BLE001 -- a syntax error: Hydra reports it when the sweep runs
+        return False

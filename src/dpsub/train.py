@@ -106,14 +106,14 @@ def run(cfg: DictConfig, run_dir: Path, resume: bool = False) -> float:
 
 
 def job_dir(cfg: DictConfig) -> Path:
+    """``out_dir``; in a multirun ``<sweep dir>/<job number>_<overrides>``, the overrides
+    without the keys a resume may change (``dpsub.sweeps.job_subdir``)."""
     hc = HydraConfig.get()
     if hc.mode == RunMode.MULTIRUN:
-        sub = (
-            f"{hc.job.num}_{hc.job.override_dirname}"
-            if hc.job.override_dirname
-            else str(hc.job.num)
-        )
-        return Path(hc.sweep.dir) / sub
+        from dpsub.sweeps import job_subdir
+
+        sweep = Path(hc.sweep.dir)
+        return sweep / job_subdir(sweep, hc.job.num, list(hc.overrides.task))
     return Path(cfg.out_dir)
 
 
@@ -122,12 +122,11 @@ def main(cfg: DictConfig) -> float:
     if cfg.resume is not None:
         fail(ResumeError("resume: use `dpsub-train resume=<run dir>` on its own, not in a sweep"))
     if HydraConfig.get().mode == RunMode.MULTIRUN:  # finished: skipped; failed: recorded
-        from dpsub.sweeps import run_job
+        from dpsub.sweeps import job_label, run_job
 
         hc = HydraConfig.get()
-        name = f"job {hc.job.num}" + (
-            f" ({hc.job.override_dirname})" if hc.job.override_dirname else ""
-        )
+        label = job_label(list(hc.overrides.task))
+        name = f"job {hc.job.num}" + (f" ({label})" if label else "")
         return run_job(cfg, job_dir(cfg), train_run, name)
     return run(cfg, job_dir(cfg))  # the value a Hydra sweeper would optimize
 
