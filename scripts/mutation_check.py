@@ -201,6 +201,27 @@ MUTANTS = (
         ("tests/unit/test_sweep_dirs.py",),
     ),
     Mutant(
+        "run-without-checkpoint-started-again-as-new",
+        "src/dpsub/training/trainer.py",
+        "        if started:\n            raise _refuse_new_run(",
+        "        if False:\n            raise _refuse_new_run(",
+        ("tests/integration/test_run_dir.py", "-k", "killed_before_its_first_checkpoint"),
+    ),
+    Mutant(
+        "secure-restart-from-step-0-forgets-the-journal",
+        "src/dpsub/training/trainer.py",
+        "        if journal is not None and journal.steps > run.ledger.steps:",
+        "        if ckpt is not None and journal.steps > run.ledger.steps:",
+        ("tests/integration/test_run_dir.py", "-k", "killed_before_its_first_checkpoint"),
+    ),
+    Mutant(
+        "sweep-job-without-checkpoint-started-again-as-new",
+        "src/dpsub/sweeps.py",
+        "        return train_fn(cfg, run_dir, RunDir(run_dir).started)",
+        "        return train_fn(cfg, run_dir, RunDir(run_dir).has_checkpoint)",
+        ("tests/integration/test_sweeps.py", "-k", "began"),
+    ),
+    Mutant(
         "resume-accepts-changed-settings",
         "src/dpsub/training/checkpoint.py",
         "    keys = changed_keys(saved_config, config)",

@@ -7,14 +7,16 @@ job starts, exit code 2. Otherwise the plan of every job is printed and the swee
 folder is fixed (``hydra.sweep.dir``), so it can be named in the messages.
 
 While the sweep runs (:func:`run_job`, inside each job, any launcher): a job whose dir
-already holds ``summary.json`` is skipped, one with ``checkpoint.pt`` resumes (the
-checkpoint's config must match, as for ``resume=``), and a job that fails is logged in
+already holds ``summary.json`` is skipped, one that began before resumes (from
+``checkpoint.pt``, or from step 0 when it stopped before its first checkpoint, its ledger
+kept; the saved config must match, as for ``resume=``), and a job that fails is logged in
 one line and recorded in ``<sweep dir>/failed_jobs.jsonl`` while the other jobs go on.
 At the end (:func:`report`) a failed job makes the command exit non-zero, naming the file.
 
 Continuing a sweep: ``dpsub-train resume=<sweep dir>`` runs the sweep of that folder's
 ``multirun.yaml`` again with the same overrides and launcher (:func:`continue_args`);
-finished jobs are skipped, interrupted ones resume, failed ones run again.
+finished jobs are skipped, interrupted ones resume, failed ones run again (resumed if
+they had begun).
 ``scripts/reproduce.py`` runs its jobs through :func:`run_job` as well.
 """
 
@@ -30,7 +32,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from dpsub.errors import ConfigError, DataError, RunDirInUse, exit_code
-from dpsub.runs import CHECKPOINT, SUMMARY
+from dpsub.runs import SUMMARY, RunDir
 
 FAILED = "failed_jobs.jsonl"
 log = logging.getLogger("dpsub")
@@ -140,7 +142,7 @@ def run_job(cfg: DictConfig, run_dir: Path, train_fn, name: str) -> float:
         values = json.loads(summary.read_text())
         return float(values.get("test_accuracy", values.get("validation_accuracy", math.nan)))
     try:
-        return train_fn(cfg, run_dir, (run_dir / CHECKPOINT).is_file())
+        return train_fn(cfg, run_dir, RunDir(run_dir).started)  # begun: resume it
     except RunDirInUse as e:  # two sweeps over one table: the holder trains it, not a failure
         log.warning("%s: skipped, %s", name, str(e).split(";")[0].split(": ", 1)[-1])
         return math.nan

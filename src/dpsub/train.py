@@ -135,13 +135,12 @@ def main(cfg: DictConfig) -> float:
 def resume(args: list[str]) -> float:
     """``resume=<dir> [key=value ...]``: the run's own config, changed only where allowed."""
     from dpsub.overrides import apply_to_saved
-    from dpsub.training.checkpoint import CKPT_NAME, changed_keys
+    from dpsub.training.checkpoint import changed_keys
 
     run_dir = Path([a for a in args if a.startswith("resume=")][-1].split("=", 1)[1])
-    if not (run_dir / CONFIG).is_file() or not (run_dir / CKPT_NAME).is_file():
+    if not (run_dir / CONFIG).is_file():  # (no checkpoint: it continues from step 0)
         fail(ResumeError(
-            f"resume: {run_dir} is not a dpsub run dir with a checkpoint "
-            f"(needs config.yaml and {CKPT_NAME}); nothing was created"
+            f"resume: {run_dir} is not a dpsub run dir (needs {CONFIG}); nothing was created"
         ))  # fmt: skip
     rest = [a for a in args if not a.startswith("resume=")]
     bad = [a for a in rest if a.startswith(("-", "+", "~")) or "=" not in a]
