@@ -7,7 +7,7 @@
 
 Every job is a cell x seed of the table (docs/tables.md). Its run dir is
 ``<out>/<table>/<setting>/<variant>/<cell>,seed=<s>``; a job whose dir holds summary.json
-is skipped, one with a checkpoint but no summary is resumed, and a job whose config equals
+is skipped, one that began but has no summary is resumed, and a job whose config equals
 that of a finished run anywhere under ``<out>`` reuses it (a symlink). The pending jobs
 run as one Hydra multirun, so any launcher works (``hydra/launcher=local`` runs two at a
 time on this machine, ``slurm`` submits them); ``hydra.*`` overrides go to Hydra, the
@@ -63,7 +63,6 @@ from dpsub.errors import ConfigError  # noqa: E402
 from dpsub.paths import conf_dir, project_root  # noqa: E402
 
 log = logging.getLogger("dpsub.reproduce")
-CKPT = runs.CHECKPOINT
 COMMITTED = (
     project_root() / "results"
 )  # the runs committed with the repository (reused, never re-run)
@@ -167,7 +166,7 @@ def status(job: tables.Job, cfg: DictConfig, done: list[tuple[Path, dict]]) -> s
     if job.finished:
         keys = changed_keys(portable(runs.RunDir(job.dir).config_dict()), new)
         return "stale:" + ",".join(keys) if keys else "done"
-    if (job.dir / CKPT).is_file():
+    if runs.RunDir(job.dir).started:  # a checkpoint, or stopped before one: from step 0
         return "resume"
     if not job.dir.exists():
         for d, saved in done:

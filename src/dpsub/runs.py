@@ -5,6 +5,7 @@ Every run dir holds (written by the trainer)::
     config.yaml     the resolved config          summary.json   the final numbers
     metrics.jsonl   one JSON record per log      train.log      the log
     checkpoint.pt   model + optimizer + ledgers  (never committed)
+    ledger.json     the privacy ledger
 
 and, written later by the tools, ``validation.json`` (held-out accuracy), ``mia.json`` and
 ``public_projection.json``. ``SMALL_FILES`` are the ones a results folder keeps (no
@@ -29,6 +30,7 @@ from pathlib import Path
 
 __all__ = [
     "CHECKPOINT",
+    "LEDGER",
     "CONFIG",
     "LOG",
     "METRICS",
@@ -53,6 +55,7 @@ SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 LOG = "train.log"
 CHECKPOINT = "checkpoint.pt"
+LEDGER = "ledger.json"  # the privacy ledger (secure mode: written before every release)
 VALIDATION = "validation.json"  # scripts/heldout_eval.py
 MIA = "mia.json"  # scripts/mia.py (the run is then not covered by its epsilon)
 #: What a results folder keeps of a run (never the checkpoint).
@@ -134,6 +137,12 @@ class RunDir:
     @property
     def has_checkpoint(self) -> bool:
         return self.checkpoint_path.is_file()
+
+    @property
+    def started(self) -> bool:
+        """A run began here (its config, a checkpoint or a privacy ledger was written): it is
+        continued with ``resume=``, never started again as a new run."""
+        return any(self.file(name).is_file() for name in (CONFIG, CHECKPOINT, LEDGER))
 
     # ------------------------------------------------------------- reading
     def require(self, *names: str) -> None:

@@ -7,14 +7,16 @@ job starts, exit code 2. Otherwise the plan of every job is printed and the swee
 folder is fixed (``hydra.sweep.dir``), so it can be named in the messages.
 
 While the sweep runs (:func:`run_job`, inside each job, any launcher): a job whose dir
-already holds ``summary.json`` is skipped, one with ``checkpoint.pt`` resumes (the
-checkpoint's config must match, as for ``resume=``), and a job that fails is logged in
+already holds ``summary.json`` is skipped, one that began before resumes (from
+``checkpoint.pt``, or from step 0 when it stopped before its first checkpoint, its ledger
+kept; the saved config must match, as for ``resume=``), and a job that fails is logged in
 one line and recorded in ``<sweep dir>/failed_jobs.jsonl`` while the other jobs go on.
 At the end (:func:`report`) a failed job makes the command exit non-zero, naming the file.
 
 Continuing a sweep: ``dpsub-train resume=<sweep dir>`` runs the sweep of that folder's
 ``multirun.yaml`` again with the same overrides and launcher (:func:`continue_args`);
-finished jobs are skipped, interrupted ones resume, failed ones run again.
+finished jobs are skipped, interrupted ones resume, failed ones run again (resumed if
+they had begun).
 ``scripts/reproduce.py`` runs its jobs through :func:`run_job` as well.
 """
 
@@ -30,7 +32,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from dpsub.errors import ConfigError, DataError, RunDirInUse, exit_code
-from dpsub.runs import CHECKPOINT, SUMMARY
+from dpsub.runs import SUMMARY, RunDir
 
 FAILED = "failed_jobs.jsonl"
 log = logging.getLogger("dpsub")
@@ -93,6 +95,41 @@ def _sweep_dir(job: list[str], hydra_overrides: list[str]) -> str | None:
 
 
 # ------------------------------------------------------------ inside each job
+#: The keys job dir names left out before they left out every key a resume may change
+#: (Hydra's ``exclude_keys`` then); only to find the job dirs of a sweep made before.
+_EXCLUDED_BEFORE = (
+    "resume",
+    "logger",
+    "logger.mode",
+    "train.progress",
+    "out_dir",
+    "hydra/launcher",
+)
+
+
+def job_label(overrides: list[str], excluded=None) -> str:
+    """A job's overrides as Hydra's ``override_dirname`` writes them (sorted, comma-joined),
+    without the keys a resume may change: continuing a sweep with ``train.log_every=5``
+    must find the same job dirs (``excluded(key)``: another rule, for old names)."""
+    from dpsub.training.checkpoint import may_change
+
+    excluded = excluded or may_change
+    keys = [o.split("=", 1)[0].lstrip("+~").split("@", 1)[0] for o in overrides]
+    return ",".join(sorted(o for o, k in zip(overrides, keys, strict=True) if not excluded(k)))
+
+
+def job_subdir(sweep_dir: Path, num: int, overrides: list[str]) -> str:
+    """``<job number>_<job_label>`` (the number alone without overrides); a job dir of the
+    same job made before the label left out every key a resume may change is kept."""
+
+    def name(label: str) -> str:
+        return f"{num}_{label}" if label else str(num)
+
+    new = name(job_label(overrides))
+    old = name(job_label(overrides, lambda k: k in _EXCLUDED_BEFORE))
+    return old if not (sweep_dir / new).exists() and (sweep_dir / old).is_dir() else new
+
+
 def run_job(cfg: DictConfig, run_dir: Path, train_fn, name: str) -> float:
     """One sweep job: skip it if finished, resume it if checkpointed, record a failure.
 
@@ -105,7 +142,7 @@ def run_job(cfg: DictConfig, run_dir: Path, train_fn, name: str) -> float:
         values = json.loads(summary.read_text())
         return float(values.get("test_accuracy", values.get("validation_accuracy", math.nan)))
     try:
-        return train_fn(cfg, run_dir, (run_dir / CHECKPOINT).is_file())
+        return train_fn(cfg, run_dir, RunDir(run_dir).started)  # begun: resume it
     except RunDirInUse as e:  # two sweeps over one table: the holder trains it, not a failure
         log.warning("%s: skipped, %s", name, str(e).split(";")[0].split(": ", 1)[-1])
         return math.nan
@@ -180,6 +217,22 @@ def continue_args(sweep_dir: Path, extra: list[str]) -> list[str]:
             f"resume: a sweep continues with its own overrides ({' '.join(task)}); only "
             f"logging, evaluation and checkpoint settings may be added, got {bad}"
         )
+    swept = [a for a in extra if _is_sweep(a)]
+    if swept:  # more jobs would renumber the sweep: job n would find another job's dir
+        raise ConfigError(
+            f"resume: a sweep continues with its own jobs; an added setting takes one value, "
+            f"got {swept}"
+        )
     keys = {a.split("=")[0] for a in extra}
     task = [o for o in task if o.split("=")[0] not in keys]  # the new value, once
     return ["-m", *task, *hydra_ov, *extra, f"hydra.sweep.dir={_quote(str(sweep_dir))}"]
+
+
+def _is_sweep(override: str) -> bool:
+    """Does ``key=value`` sweep over several values (``a,b``, ``range(...)``, ...)?"""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_override(override).is_sweep_override()
+    except Exception:  # noqa: BLE001 -- a syntax error: Hydra reports it when the sweep runs
+        return False

@@ -121,14 +121,14 @@ def run(cfg: DictConfig, run_dir: Path, resume: bool = False) -> float:
 
 
 def job_dir(cfg: DictConfig) -> Path:
+    """``out_dir``; in a multirun ``<sweep dir>/<job number>_<overrides>``, the overrides
+    without the keys a resume may change (``dpsub.sweeps.job_subdir``)."""
     hc = HydraConfig.get()
     if hc.mode == RunMode.MULTIRUN:
-        sub = (
-            f"{hc.job.num}_{hc.job.override_dirname}"
-            if hc.job.override_dirname
-            else str(hc.job.num)
-        )
-        return Path(hc.sweep.dir) / sub
+        from dpsub.sweeps import job_subdir
+
+        sweep = Path(hc.sweep.dir)
+        return sweep / job_subdir(sweep, hc.job.num, list(hc.overrides.task))
     return Path(cfg.out_dir)
 
 
@@ -137,12 +137,11 @@ def main(cfg: DictConfig) -> float:
     if cfg.resume is not None:
         fail(ResumeError("resume: use `dpsub-train resume=<run dir>` on its own, not in a sweep"))
     if HydraConfig.get().mode == RunMode.MULTIRUN:  # finished: skipped; failed: recorded
-        from dpsub.sweeps import run_job
+        from dpsub.sweeps import job_label, run_job
 
         hc = HydraConfig.get()
-        name = f"job {hc.job.num}" + (
-            f" ({hc.job.override_dirname})" if hc.job.override_dirname else ""
-        )
+        label = job_label(list(hc.overrides.task))
+        name = f"job {hc.job.num}" + (f" ({label})" if label else "")
         return run_job(cfg, job_dir(cfg), train_run, name)
     return run(cfg, job_dir(cfg))  # the value a Hydra sweeper would optimize
 
@@ -151,13 +150,12 @@ def main(cfg: DictConfig) -> float:
 def resume(args: list[str]) -> float:
     """``resume=<dir> [key=value ...]``: the run's own config, changed only where allowed."""
     from dpsub.overrides import apply_to_saved
-    from dpsub.training.checkpoint import CKPT_NAME, changed_keys
+    from dpsub.training.checkpoint import changed_keys
 
     run_dir = Path([a for a in args if a.startswith("resume=")][-1].split("=", 1)[1])
-    if not (run_dir / CONFIG).is_file() or not (run_dir / CKPT_NAME).is_file():
+    if not (run_dir / CONFIG).is_file():  # (no checkpoint: it continues from step 0)
         fail(ResumeError(
-            f"resume: {run_dir} is not a dpsub run dir with a checkpoint "
-            f"(needs config.yaml and {CKPT_NAME}); nothing was created"
+            f"resume: {run_dir} is not a dpsub run dir (needs {CONFIG}); nothing was created"
         ))  # fmt: skip
     rest = [a for a in args if not a.startswith("resume=")]
     bad = [a for a in rest if a.startswith(("-", "+", "~")) or "=" not in a]

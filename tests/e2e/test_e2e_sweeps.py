@@ -37,15 +37,17 @@ def test_a_failing_job_is_recorded_the_others_finish_and_the_sweep_continues(tmp
     jobs = job_dirs(sweep)
     assert set(jobs) == {"1"} and (jobs["1"] / "summary.json").is_file()
 
-    # continue: the finished job is skipped (untouched), the failing one runs (and fails) again
+    # continue, with a setting a resume may change (issue 36.3: it re-ran every job in new
+    # dirs): the finished job is skipped (untouched), the failing one runs (and fails) again
     before = (jobs["1"] / "summary.json").stat().st_mtime_ns
-    again = run_cli(f"resume={sweep}", check=False)
+    again = run_cli(f"resume={sweep}", "train.log_every=5", check=False)
     assert again.returncode == 2, again.stderr[-3000:]
     assert "finished earlier" in again.stdout + again.stderr
     assert (jobs["1"] / "summary.json").stat().st_mtime_ns == before
+    assert job_dirs(sweep) == jobs
 
-    # a job with a checkpoint but no summary (interrupted) resumes from it
+    # a job with a checkpoint but no summary (interrupted) resumes from it, in its own dir
     (jobs["1"] / "summary.json").unlink()
-    run_cli(f"resume={sweep}", check=False)
-    assert (jobs["1"] / "summary.json").is_file()
+    run_cli(f"resume={sweep}", "train.log_every=1", check=False)
+    assert (jobs["1"] / "summary.json").is_file() and job_dirs(sweep) == jobs
     assert f"resumed {jobs['1']} at step 2" in (jobs["1"] / "train.log").read_text()

@@ -109,3 +109,70 @@ def test_a_process_refused_an_out_dir_made_by_another_never_removes_it(tmp_path,
         train(cfg, run_dir)
     monkeypatch.undo()
     assert sorted(p.name for p in run_dir.iterdir()) == before
+
+
+class Killed(BaseException):
+    """A kill -9 between two releases: nothing of the run's own handling runs."""
+
+
+def kill_after(steps: int):
+    """An optimizer hook that kills the run once ``steps`` releases were applied."""
+    seen = []
+
+    def hook(optimizer, args, kwargs):
+        seen.append(1)
+        if len(seen) > steps:
+            raise Killed
+
+    return optim_hooks.register_optimizer_step_pre_hook(hook)
+
+
+def counted(run_dir) -> int:
+    return sum(n for *_, n in json.loads((run_dir / "ledger.json").read_text())["history"])
+
+
+def test_a_secure_run_killed_before_its_first_checkpoint_is_never_started_again_as_new(tmp_path):
+    """Issue 36.2: the same command in the same out_dir started afresh, its ledger forgot the
+    killed attempt's releases (fresh secret noise) and its summary said covered_by_epsilon."""
+    cfg = compose_cfg(*SYNTH, "train.max_steps=6", "train.checkpoint_every=0", "privacy.rng=secure")
+    run_dir = tmp_path / "run"
+    handle = kill_after(3)
+    try:
+        with pytest.raises(Killed):
+            train(cfg, run_dir)
+    finally:
+        handle.remove()
+    assert not (run_dir / "checkpoint.pt").exists() and counted(run_dir) == 4  # 4 released
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    with pytest.raises(ConfigError, match=f"out_dir: {run_dir} already holds a run; continue it with resume={run_dir}"):  # fmt: skip
+        train(cfg, run_dir)
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    # resume= continues it from step 0, its ledger still counting the killed attempt's steps
+    res = train(cfg, run_dir, resume=True)
+    assert counted(run_dir) == 4 + res.steps and res.stopped_by_budget  # 6 were planned
+    assert res.epsilon <= cfg.privacy.epsilon
+    assert "4 steps ran after the start (no checkpoint)" in (run_dir / "train.log").read_text()
+
+
+def test_a_seeded_run_killed_before_its_first_checkpoint_resumes_by_replay_from_step_0(tmp_path):
+    """Seeded mode: resume= continues it from step 0 with the same batches and noise, so the
+    run, its ledger and its metrics equal an uninterrupted run's (each release counted once)."""
+    cfg = compose_cfg(*SYNTH, "train.max_steps=4", "train.checkpoint_every=0", "train.log_every=1")
+    handle = kill_after(2)
+    try:
+        with pytest.raises(Killed):
+            train(cfg, tmp_path / "killed")
+    finally:
+        handle.remove()
+    with pytest.raises(ConfigError, match="resume="):
+        train(cfg, tmp_path / "killed")
+    got = train(cfg, tmp_path / "killed", resume=True)
+    want = train(cfg, tmp_path / "whole")
+    assert (got.steps, got.epsilon, got.test_accuracy) == (
+        want.steps,
+        want.epsilon,
+        want.test_accuracy,
+    )
+    assert counted(tmp_path / "killed") == 4
+    lines = [(tmp_path / d / "metrics.jsonl").read_text() for d in ("killed", "whole")]
+    assert lines[0] == lines[1]  # the killed attempt's lines were replaced, not kept beside

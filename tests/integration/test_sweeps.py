@@ -57,3 +57,17 @@ def test_a_job_another_process_is_training_is_skipped_not_recorded_failed(tmp_pa
     assert not list(tmp_path.rglob(sweeps.FAILED))
     assert [r.levelname for r in caplog.records] == ["WARNING"]
     assert "in use by another process" in caplog.records[0].getMessage()
+
+
+def test_a_job_that_began_resumes_even_without_a_checkpoint(tmp_path):
+    """Issue 36.2: a secure job killed before its first checkpoint ran again as a new run,
+    its ledger forgetting the releases the killed attempt made."""
+    from dpsub import sweeps
+
+    resumed = []
+    job = tmp_path / "job"
+    sweeps.run_job(None, job, lambda c, d, r: resumed.append(r) or 1.0, "j")  # new: fresh
+    job.mkdir()
+    (job / "ledger.json").write_text("{}")  # began, stopped before its first checkpoint
+    sweeps.run_job(None, job, lambda c, d, r: resumed.append(r) or 1.0, "j")
+    assert resumed == [False, True]

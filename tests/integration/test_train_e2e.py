@@ -86,14 +86,18 @@ def test_nonprivate_reports_infinite_epsilon(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["epsilon"] == "inf"
 
 
-def test_budget_stops_at_the_largest_step_count_under_the_budget(tmp_path):
-    res = train(cfg_for(*DEMO, "privacy.noise_multiplier=1.2", "train.epochs=20"), tmp_path)
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+def test_budget_stops_at_the_largest_step_count_under_the_budget(tmp_path, accountant):
+    """A fixed privacy.noise_multiplier: both accountants stop where the budget runs out."""
+    over = ("privacy.noise_multiplier=1.2", "train.epochs=20", f"privacy.accountant={accountant}")
+    res = train(cfg_for(*DEMO, *over, "train.eval_every=0"), tmp_path)
     q = 256 / 1437
     assert res.stopped_by_budget and res.steps >= 1  # (none affordable: an error, test_cli_errors)
+    assert res.epsilon <= 3.0
     assert (
-        epsilon_for([(1.2, q, res.steps)], 1e-5)
+        epsilon_for([(1.2, q, res.steps)], 1e-5, accountant)
         <= 3.0
-        < epsilon_for([(1.2, q, res.steps + 1)], 1e-5)
+        < epsilon_for([(1.2, q, res.steps + 1)], 1e-5, accountant)
     )
 
 

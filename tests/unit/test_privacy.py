@@ -66,6 +66,23 @@ def test_budget_stops_exactly_at_the_calibrated_step_count():
         assert led.epsilon() <= 3.0 + 1e-9
 
 
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+def test_a_fixed_plan_over_the_budget_stops_at_the_budget(accountant):
+    """privacy.noise_multiplier fixes the plan without calibrating it: its prefix does not
+    prove the budget holds (prv waved all 17 steps through to epsilon 21 on a budget of 1)."""
+    z, q, budget = 1.2, 256 / 1437, 3.0
+    plan = PrivacyPlan(((z, q, 8),))
+    led = PrivacyLedger(delta=DELTA, accountant=accountant, budget=budget, plan=plan)
+    while led.can_step(z, q) and led.steps < plan.total_steps:
+        led.step(z, q)
+    assert 0 < led.steps < plan.total_steps  # (where exactly: test_train_e2e.py)
+    assert led.epsilon() <= budget
+    # z = 0.5 on a budget of 1 (the audit's 17-step run): not even the first step fits
+    plan = PrivacyPlan(((0.5, q, 2),))
+    short = PrivacyLedger(delta=DELTA, accountant=accountant, budget=1.0, plan=plan)
+    assert not short.can_step(0.5, q)
+
+
 def test_prv_budget_outside_plan_queries_prv():
     plan = PrivacyPlan(((5.0, 0.01, 100),))
     led = PrivacyLedger(delta=DELTA, accountant="prv", budget=1.0, plan=plan)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpsub.gpu.stage import GPU_DIR
+from dpsub.runs import RunDir
 
 EPSILON_ORDER = (8, 2, 5)
 MECHANISM_ORDER = ("dpsgd", "gep", "bgep")
@@ -169,7 +170,7 @@ class CellRunner:
         keep = [f"train.checkpoint_every={self.checkpoint_every}"]
         if self.data_root:
             keep.append(f"data.root={self.data_root}")
-        if (job.dir / CKPT).is_file():
+        if RunDir(job.dir).started:  # (stopped before its first checkpoint: from step 0)
             return [*base, f"resume={job.dir}", *keep]
         ov = job.hydra_overrides()
         return [*base, *ov, "logger=disabled", "train.progress=false", *keep]

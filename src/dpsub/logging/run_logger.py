@@ -53,7 +53,7 @@ class RunLogger:
     def __init__(self, run_dir: Path, cfg: dict, logger_cfg, run_name: str, resume_step: int = 0):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / METRICS_FILE
-        if resume_step and self.path.exists():
+        if self.path.exists():  # a resume (a new run never starts in a dir that holds one)
             self._truncate_after(resume_step)
         self.wandb_run = None
         self.mode = resolve_mode(logger_cfg.mode)
@@ -88,7 +88,8 @@ class RunLogger:
         return f"{where}; W&B {self.mode}: {self.wandb_run.url}"
 
     def _truncate_after(self, step: int) -> None:
-        """On resume, drop lines from steps the crashed run did after its checkpoint."""
+        """On resume, drop lines from steps the crashed run did after its checkpoint (all
+        of them when it stopped before its first checkpoint: it continues from step 0)."""
         keep = [
             line
             for line in self.path.read_text().splitlines()

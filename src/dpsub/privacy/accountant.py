@@ -12,7 +12,8 @@ chosen by name in one place (:func:`accountant_for`):
   can be checked before every single step.
 * ``prv``: Opacus' PRV accountant (Gopi et al.), tighter but ~0.1-1 s per
   query; it is evaluated when asked (every log interval) and the budget check
-  falls back to it only when the step would differ from the calibrated plan.
+  falls back to it only off the plan (how many of the plan's steps fit the budget is
+  found once: all of a calibrated plan, maybe fewer of a fixed ``privacy.noise_multiplier``).
 
 The ledger's ``history`` (list of ``(z_eff, q, steps)``) is the single source of
 truth; it is saved in checkpoints, so a resumed run continues the same
@@ -312,9 +313,9 @@ class PrivacyLedger:
         delta: target delta.
         accountant: ``"rdp"`` or ``"prv"``.
         budget: target epsilon; :meth:`can_step` refuses a step that would exceed it.
-        plan: the :class:`PrivacyPlan` the noise was calibrated for; with ``prv`` a step that
-            keeps the history a prefix of this plan is known to respect the budget without a
-            PRV query.
+        plan: the :class:`PrivacyPlan` the run follows; with ``prv`` a step that keeps the
+            history a prefix of this plan is answered without a PRV query, from how many of
+            the plan's steps fit the budget (found once).
     """
 
     delta: float
@@ -330,6 +331,7 @@ class PrivacyLedger:
         self._cache: tuple[int, float] | None = None  # (steps, PRV epsilon)
         self._rdp_eps: tuple[int, float] | None = None  # (steps, RDP epsilon)
         self._pending: tuple[tuple[float, float], float] | None = None  # can_step's answer
+        self._fits: int | None = None  # _plan_steps_within_budget
         for z, q, n in self.history:
             if math.isfinite(z):
                 self._rdp += _rdp_curve(z, q) * n
@@ -364,11 +366,20 @@ class PrivacyLedger:
             eps = _rdp_to_eps(self._rdp + _rdp_curve(z, q), self.delta)
             self._pending = ((z, q), eps)
             return eps <= self.budget + 1e-9
-        # another accountant (slow): inside the calibrated plan the answer is known; otherwise ask it
+        # another accountant (slow): on the plan the answer is known (how many of its steps
+        # fit the budget was found once); off the plan, ask it
         if self.plan is not None and _is_prefix(self.history + [(z, q, 1)], self.plan.phases):
-            return True
+            return self.steps + 1 <= self._plan_steps_within_budget()
         hist = _private(list(self.history) + [(z, q, 1)])
         return self.method.epsilon(hist, self.delta) <= self.budget + 1e-9
+
+    def _plan_steps_within_budget(self) -> int:
+        """How many first steps of the plan fit the budget, found once with the ledger's
+        accountant: all of a calibrated plan (one query); of a fixed one
+        (``privacy.noise_multiplier``, never calibrated to the budget) maybe fewer, or none."""
+        if self._fits is None:
+            self._fits = _steps_within(self.plan.phases, self.budget, self.delta, self.method)
+        return self._fits
 
     # ---------------------------------------------------------------- queries
     def epsilon(self, exact: bool = True) -> float:
@@ -443,6 +454,33 @@ def fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _cut(phases, steps: int) -> list[tuple[float, float, int]]:
+    """The first ``steps`` steps of ``phases``."""
+    out = []
+    for z, q, n in phases:
+        if steps <= 0:
+            break
+        out.append((z, q, min(n, steps)))
+        steps -= n
+    return out
+
+
+def _steps_within(phases, budget: float, delta: float, method) -> int:
+    """The most first steps of ``phases`` whose epsilon (``method``) is at most ``budget``."""
+
+    def fits(steps: int) -> bool:
+        hist = _private(_cut(phases, steps))
+        return not hist or method.epsilon(hist, delta) <= budget + 1e-9
+
+    low, high = 0, sum(n for _, _, n in phases)
+    if fits(high):
+        return high
+    while high - low > 1:  # fits(low), not fits(high): epsilon grows with the steps
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
 
 
 def _is_prefix(history, phases) -> bool:

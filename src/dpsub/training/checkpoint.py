@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpsub.errors import ResumeError, RunDirInUse
-from dpsub.runs import CHECKPOINT
+from dpsub.runs import CHECKPOINT, LEDGER
 
 if TYPE_CHECKING:  # torch and the accountant are imported where used: resume checks stay light
     import torch
@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # torch and the accountant are imported where used: resume ch
     from dpsub.privacy import PrivacyLedger
 
 CKPT_NAME = CHECKPOINT
-LEDGER_NAME = "ledger.json"
+LEDGER_NAME = LEDGER
 LOCK_NAME = ".lock"
 
 #: Config keys a resume may change: they cannot change what a step releases or how it is

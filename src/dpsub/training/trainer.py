@@ -39,7 +39,7 @@ from dpsub.errors import ConfigError, ResumeError
 from dpsub.logging import RunLogger
 from dpsub.models import count_parameters
 from dpsub.privacy import epsilon_for
-from dpsub.runs import CHECKPOINT, CONFIG, LOG, MIA, not_covered_statistics
+from dpsub.runs import CHECKPOINT, CONFIG, LOG, MIA, RunDir, not_covered_statistics
 from dpsub.training.checkpoint import (
     LEDGER_NAME,
     check_resume,
@@ -183,8 +183,15 @@ def _stop_requested(run: Run, stop: _StopFlag) -> bool:
 # --------------------------------------------------------------------- run
 def _budget_below_one_step(run: Run, z: float) -> ConfigError:
     """``privacy.epsilon`` cannot pay for the first step at multiplier ``z`` (a fixed
-    ``privacy.noise_multiplier`` too small, or DP-Hero's honest multiplier)."""
+    ``privacy.noise_multiplier`` too small, DP-Hero's honest multiplier, or a restart whose
+    ledger already counts the releases of the attempt before)."""
     p, name = run.settings.privacy, run.mechanism.name
+    if run.ledger is not None and run.ledger.steps:
+        return ConfigError(
+            f"privacy.epsilon: the budget {p.epsilon} is spent: the run's ledger counts "
+            f"{run.ledger.steps} steps (epsilon {run.ledger.epsilon():.4g}) made before it "
+            "stopped, and affords no more; nothing was trained. Start a new run in another out_dir"
+        )
     one = epsilon_for([(z, run.q, 1)], p.delta, p.accountant)
     hint = " (experiment=dphero_mnist_lenet: docs/dphero.md)" if "dphero" in name else ""
     return ConfigError(
@@ -201,33 +208,57 @@ def _check_first_step(run: Run) -> None:
     raise _budget_below_one_step(run, run.account.multiplier(0))
 
 
+def _refuse_new_run(run_dir: Path, checkpointed: bool) -> ResumeError:
+    """A new run may not start in a dir that holds one: its outputs, and in secure mode the
+    releases its ledger counts, would be forgotten by the new run's ledger."""
+    journal = journal_ledger(run_dir)
+    how = ""
+    if not checkpointed:
+        counted = f"; its ledger counts {journal.steps} released steps" if journal else ""
+        how = f" (it stopped before its first checkpoint{counted}: it continues from step 0)"
+    return ResumeError(
+        f"out_dir: {run_dir} already holds a run; continue it with resume={run_dir}{how}, "
+        "or give the new run another out_dir"
+    )
+
+
+def _restore(run: Run, cfg: DictConfig, run_dir: Path, ckpt: dict | None) -> None:
+    """Check that the resumed config releases what the saved one did, and restore the state
+    (none without a checkpoint: the run continues from step 0, as built)."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    if ckpt is None:  # stopped before its first checkpoint: config.yaml is the run's config
+        if not (run_dir / CONFIG).is_file():
+            raise ResumeError(f"resume: {run_dir} has no {run_dir / CHECKPOINT}; nothing to resume")
+        saved = OmegaConf.to_container(OmegaConf.load(run_dir / CONFIG))
+        check_resume(saved, resolved, None, run.fingerprint)
+        return
+    check_resume(ckpt["config"], resolved, ckpt.get("data_fingerprint"), run.fingerprint)
+    load_run_state(run, ckpt["state"])
+
+
 def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> list[str]:
-    """Restore ``run`` from ``run_dir``'s checkpoint (checked), or refuse an unintended resume.
+    """Restore ``run`` from ``run_dir`` (checked), or refuse to start anew in a dir that
+    holds a run (with or without a checkpoint).
 
     Returns the lines to log once ``train.log`` is attached (the resume marker)."""
     ckpt = load_checkpoint(run_dir, map_location=run.device)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    fp = data_fingerprint(run.data.train_x, run.data.train_y)
-    run.fingerprint = fp
-    if ckpt is None:
-        if resume:
-            raise ResumeError(f"resume: {run_dir} has no {run_dir / CHECKPOINT}; nothing to resume")
-        return []
+    run.fingerprint = data_fingerprint(run.data.train_x, run.data.train_y)
+    started = run.dist.broadcast_object(RunDir(run_dir).started)  # rank 0's view, before it writes
     if not resume:
-        raise ResumeError(
-            f"out_dir: {run_dir} already holds a run; continue it with resume={run_dir}"
-        )
-    check_resume(ckpt["config"], resolved, ckpt.get("data_fingerprint"), fp)
-    load_run_state(run, ckpt["state"])
+        if started:
+            raise _refuse_new_run(run_dir, ckpt is not None)
+        return []
+    _restore(run, cfg, run_dir, ckpt)
     notes = []
     if (run_dir / MIA).exists():  # scripts/mia.py attacked the model: not covered
         uncover(run, "membership_inference")
     if run.secure:  # fresh secret noise from here on: charge every step that ever ran
         journal = journal_ledger(run_dir)
         if journal is not None and journal.steps > run.ledger.steps:
+            since = "the checkpoint" if ckpt is not None else "the start (no checkpoint)"
             notes.append(
-                f"secure mode: {journal.steps - run.ledger.steps} steps ran after the "
-                "checkpoint and are charged again"
+                f"secure mode: {journal.steps - run.ledger.steps} steps ran after {since} "
+                "and are charged again"
             )
             run.ledger = journal
     eps = epsilons(run, False).get("epsilon", math.nan)
