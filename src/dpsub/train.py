@@ -39,11 +39,13 @@ OWN_CONFIG_FLAGS = ("-cp", "--config-path", "-cd", "--config-dir", "-cn", "--con
 OWN_CONFIG_FLAGS += ("-sc", "--shell-completion")
 
 
-def _groups_help() -> str:
-    """``--help``'s group list: Hydra's $APP_CONFIG_GROUPS without conf/paper (tables)."""
+def _groups_help(config_name: str = "config") -> str:
+    """``--help``'s group list: Hydra's $APP_CONFIG_GROUPS without conf/paper (tables) and
+    without the groups of the other commands (``audit``, ``pate``)."""
     from dpsub.overrides import config_groups, group_options
 
-    return "".join(f"{g}: {', '.join(group_options(g))}\n" for g in config_groups())
+    groups = config_groups(config_name)
+    return "".join(f"{g}: {', '.join(group_options(g))}\n" for g in groups)
 
 
 OmegaConf.register_new_resolver("dpsub_groups", _groups_help, replace=True)
@@ -204,14 +206,16 @@ def multirun(args: list[str]) -> None:
     sweeps.report(sweep_dir)
 
 
-def check_args(args: list[str]) -> None:
-    """Unknown groups, options and keys: one line and exit 2 before Hydra composes."""
+def check_args(args: list[str], config_name: str = "config") -> None:
+    """Unknown groups, options and keys of ``conf/<config_name>.yaml``: one line and exit 2
+    before Hydra composes."""
     from dpsub.overrides import check_overrides
 
     if any(a.split("=")[0] in OWN_CONFIG_FLAGS for a in args):
         return  # another config tree: Hydra checks it
     try:
-        check_overrides([a for a in args if a.startswith("~") or ("=" in a and a[0] != "-")])
+        overrides = [a for a in args if a.startswith("~") or ("=" in a and a[0] != "-")]
+        check_overrides(overrides, config_name)
     except ConfigError as e:
         fail(e)
 

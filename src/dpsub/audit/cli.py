@@ -156,7 +156,7 @@ def cli() -> None:
 
     from dpsub.train import check_args
 
-    check_args([a for a in sys.argv[1:] if not a.lstrip("+~").startswith("audit.")])
+    check_args(sys.argv[1:], config_name="dpsub_audit")
     main()
 
 
