@@ -121,7 +121,9 @@ def load_data(cfg: Settings | DictConfig) -> DatasetBundle:
     key = repr((d, opts, raw.data.root, seed))
     if key not in _FEATURES_MEMO:
         _FEATURES_MEMO.clear()
-        _FEATURES_MEMO[key] = featurize(_load_images(cfg), opts, raw.data.root)
+        progress = bool(raw.get("train", {}).get("progress", True))
+        download = bool(raw.data.get("download", False))
+        _FEATURES_MEMO[key] = featurize(_load_images(cfg), opts, raw.data.root, download, progress)
     return _FEATURES_MEMO[key]
 
 
