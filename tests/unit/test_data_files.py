@@ -144,3 +144,21 @@ def test_features_read_torchvision_s_cifar100_or_the_npz_of_its_first_images(tmp
     again, _ = read_public(npz, tmp_path, 20)
     assert (again == images).all()
     assert features_file({"norm_path": "x.npz"}, "norm_path", tmp_path) == Path("x.npz")
+
+
+def test_features_fetch_cifar100_with_data_download(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from helpers.data import write_fake_cifar100
+
+    from dpsub.features.public import public_file
+
+    fake = types.ModuleType("torchvision")  # no network: torchvision's download faked
+    fake.datasets = types.SimpleNamespace(
+        CIFAR100=lambda root, **_: write_fake_cifar100(Path(root))
+    )
+    monkeypatch.setitem(sys.modules, "torchvision", fake)
+    with pytest.raises(DatasetNotFoundError, match="data.download=true"):
+        public_file({"name": "scatternet"}, "norm_path", tmp_path)
+    assert public_file({}, "norm_path", tmp_path, download=True) == tmp_path / CIFAR100_TRAIN
