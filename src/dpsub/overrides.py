@@ -71,10 +71,14 @@ def compose(
     from hydra import compose as hydra_compose
     from hydra.core.global_hydra import GlobalHydra
 
+    overrides = list(overrides)
+    if _SEARCH and not any(o.startswith("hydra.searchpath=") for o in overrides):
+        overrides.append(search_override())
+
     def run() -> DictConfig:
         return hydra_compose(
             config_name=config_name,
-            overrides=list(overrides),
+            overrides=overrides,
             return_hydra_config=return_hydra_config,
         )
 
@@ -82,6 +86,27 @@ def compose(
         return run()
     with config_context():
         return run()
+
+
+#: The user's own config folders of this process (``--config-dir``, ``hydra.searchpath``):
+#: Hydra searches them after conf/, and so do the checks here and :func:`compose`.
+_SEARCH: list[str] = []
+
+
+def use_config_dirs(entries: Sequence[str]) -> None:
+    """Search ``entries`` (``file://DIR``, ``DIR`` or ``pkg://PACKAGE``) too, from now on."""
+    _SEARCH[:] = [e if "://" in e else f"file://{Path(e).expanduser().resolve()}" for e in entries]
+
+
+def search_override() -> str:
+    """The ``hydra.searchpath=[...]`` override of :func:`use_config_dirs`' folders."""
+    return "hydra.searchpath=[" + ",".join(f"'{e}'" for e in _SEARCH) + "]"
+
+
+def _group_dirs(group: str) -> list[Path]:
+    """conf/<group> and <folder>/<group> of each file:// folder searched."""
+    extra = [Path(e.removeprefix("file://")) for e in _SEARCH if e.startswith("file://")]
+    return [d / group for d in (conf_dir(), *extra)]
 
 
 @contextlib.contextmanager
@@ -106,7 +131,7 @@ def config_groups(config_name: str = "config") -> list[str]:
 
 
 def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+    return sorted({p.stem for d in _group_dirs(group) for p in d.glob("*.yaml")})
 
 
 def closest(word: str, choices: list[str], n: int = 3) -> list[str]:
@@ -129,9 +154,13 @@ def _check_option(group: str, option: str) -> None:
             f"with `dpsub-reproduce {option}` (docs/tables.md)"
         )
     options = group_options(group)
+    if any(e.startswith("pkg://") for e in _SEARCH):
+        return  # a package's configs: Hydra checks them
     if option not in options and option != "null":
         raise ConfigError(
-            f"{group}={option}: no {group} named {option!r} in conf/{group}/; "
+            f"{group}={option}: no {group} named {option!r} in conf/{group}/"
+            + (" or your config folders' (--config-dir, hydra.searchpath)" if _SEARCH else "")
+            + "; "
             + _hint(option, options)
         )
 
@@ -191,7 +220,9 @@ def _describe_missing(
 
 
 def _yaml(group: str, option: str) -> Path:
-    return conf_dir() / group / f"{option}.yaml"
+    return next(
+        d / f"{option}.yaml" for d in _group_dirs(group) if (d / f"{option}.yaml").is_file()
+    )
 
 
 def _values(override) -> list[str]:
@@ -203,7 +234,7 @@ def _values(override) -> list[str]:
     return [override.get_value_element_as_str()]
 
 
-def _parse(overrides: list[str]):
+def parse_overrides(overrides: list[str]):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -217,7 +248,7 @@ def _parse(overrides: list[str]):
 def check_overrides(overrides: list[str], config_name: str = "config") -> None:
     """Raise ConfigError (one line) for an override naming no group option or key of
     ``conf/<config_name>.yaml`` (``config``: dpsub-train; ``dpsub_audit``, ``dpsub_pate``)."""
-    parsed = [o for o in _parse(overrides) if not o.is_hydra_override()]
+    parsed = [o for o in parse_overrides(overrides) if not o.is_hydra_override()]
     groups = set(config_groups(config_name)) | {"paper"}
     choices: list[list[str]] = []  # each group override's options, for the key checks
     keys = []
@@ -277,7 +308,7 @@ def apply_to_saved(saved: DictConfig, overrides: list[str]) -> DictConfig:
     cfg = saved.copy()
     with config_context():
         default = compose()
-        for o in _parse(overrides):
+        for o in parse_overrides(overrides):
             name, text = o.key_or_group, o.input_line
             if o.is_sweep_override():
                 raise ConfigError(f"resume: {text}: one value per key (a sweep cannot resume)")

@@ -35,8 +35,9 @@ from dpsub.runs import CONFIG
 CONF_DIR = str(conf_dir())  # the wheel's dpsub/conf, or the repository's conf/
 MULTIRUN_FLAGS = ("-m", "--multirun")
 #: Hydra flags after which the overrides are not dpsub's (another config tree, completion)
-OWN_CONFIG_FLAGS = ("-cp", "--config-path", "-cd", "--config-dir", "-cn", "--config-name")
-OWN_CONFIG_FLAGS += ("-sc", "--shell-completion")
+OWN_CONFIG_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-sc", "--shell-completion")
+#: Hydra's flag that adds the user's config folder (searched, and checked, after conf/)
+CONFIG_DIR_FLAGS = ("-cd", "--config-dir")
 
 
 def _groups_help(config_name: str = "config") -> str:
@@ -209,15 +210,51 @@ def multirun(args: list[str]) -> None:
 def check_args(args: list[str], config_name: str = "config") -> None:
     """Unknown groups, options and keys of ``conf/<config_name>.yaml``: one line and exit 2
     before Hydra composes."""
-    from dpsub.overrides import check_overrides
+    from dpsub.overrides import check_overrides, use_config_dirs
 
     if any(a.split("=")[0] in OWN_CONFIG_FLAGS for a in args):
         return  # another config tree: Hydra checks it
     try:
+        use_config_dirs(config_dirs(args))
         overrides = [a for a in args if a.startswith("~") or ("=" in a and a[0] != "-")]
         check_overrides(overrides, config_name)
     except ConfigError as e:
         fail(e)
+
+
+def config_dirs(args: list[str]) -> list[str]:
+    """The user's config folders: ``--config-dir DIR`` (``-cd``) and ``hydra.searchpath=[...]``."""
+    from dpsub.overrides import parse_overrides
+
+    dirs = []
+    for i, a in enumerate(args):
+        flag, eq, value = a.partition("=")
+        if flag in CONFIG_DIR_FLAGS:
+            dirs.append(value if eq else (args[i + 1] if i + 1 < len(args) else ""))
+        elif flag == "hydra.searchpath":
+            dirs += [str(v) for v in parse_overrides([a])[0].value()]
+    return [d for d in dirs if d]
+
+
+def run_dir_arg(args: list[str]) -> list[str]:
+    """Hydra's ``hydra.run.dir=X`` (dpsub keeps Hydra in ``.`` and makes the run dir itself)
+    as ``out_dir=X``; refused in a sweep (``hydra.sweep.dir``) or beside ``out_dir=``."""
+    given = [a for a in args if a.startswith("hydra.run.dir=")]
+    if not given:
+        return args
+    if any(a in MULTIRUN_FLAGS for a in args):
+        fail(
+            ConfigError(
+                "hydra.run.dir: a sweep writes under hydra.sweep.dir=DIR (one folder per job)"
+            )
+        )
+    if len(given) > 1 or any(a.startswith("out_dir=") for a in args):
+        fail(
+            ConfigError(
+                "hydra.run.dir: give the run dir once, as out_dir=DIR (or hydra.run.dir=DIR)"
+            )
+        )
+    return [f"out_dir={a.split('=', 1)[1]}" if a in given else a for a in args]
 
 
 def cli() -> None:
@@ -236,6 +273,7 @@ def cli() -> None:
             )
         except ConfigError as e:
             fail(e)
+    sys.argv[1:] = args = run_dir_arg(args)
     check_args(args)
     if any(a in MULTIRUN_FLAGS for a in args):
         multirun(args)

@@ -150,9 +150,9 @@ def test_features_fetch_cifar100_with_data_download(tmp_path, monkeypatch):
     import sys
     import types
 
-    from helpers.data import write_fake_cifar100
-
     from dpsub.features.public import public_file
+
+    from helpers.data import write_fake_cifar100
 
     fake = types.ModuleType("torchvision")  # no network: torchvision's download faked
     fake.datasets = types.SimpleNamespace(

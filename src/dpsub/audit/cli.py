@@ -154,9 +154,10 @@ def cli() -> None:
     """Unknown groups, options and training keys: one line and exit 2 (as dpsub-train)."""
     import sys
 
-    from dpsub.train import check_args
+    from dpsub.train import check_args, run_dir_arg
 
-    check_args(sys.argv[1:], config_name="dpsub_audit")
+    sys.argv[1:] = args = run_dir_arg(sys.argv[1:])
+    check_args(args, config_name="dpsub_audit")
     main()
 
 

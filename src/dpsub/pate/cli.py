@@ -163,12 +163,13 @@ def resume(args: list[str]) -> None:
 
 def cli() -> None:
     """Unknown groups, options and training keys: one line and exit 2 (as dpsub-train)."""
-    from dpsub.train import check_args
+    from dpsub.train import check_args, run_dir_arg
 
     args = sys.argv[1:]
     if any(a.startswith("resume=") for a in args):
         resume(args)
         return
+    sys.argv[1:] = args = run_dir_arg(args)
     check_args(args, config_name="dpsub_pate")
     main()
 
