@@ -20,6 +20,7 @@ privacy error (a mechanism drawing less noise than its plan).
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -63,6 +64,22 @@ def fail(err: BaseException) -> None:
     sys.exit(exit_code(err))
 
 
+def interruptible(cli_fn):
+    """A command whose Ctrl-C (or SIGINT) is one line on stderr and exit code 130, never a
+    traceback; a run interrupted before its first step leaves no run dir (trainer.train),
+    one interrupted later resumes from its last checkpoint."""
+
+    @functools.wraps(cli_fn)
+    def wrapped() -> None:
+        try:
+            cli_fn()
+        except KeyboardInterrupt:
+            print("dpsub: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+            sys.exit(130)
+
+    return wrapped
+
+
 def plan_line(cfg: DictConfig) -> str:
     """What a run will do, in one line, from the config alone (no torch, no data)."""
     p, t = cfg.privacy, cfg.train
@@ -93,6 +110,7 @@ def train_run(cfg: DictConfig, run_dir: Path, resume: bool = False) -> float:
     check_environment(cfg)  # data files, W&B key (torch-free), then the device
     if os.environ.get("RANK", "0") == "0":  # the plan first: torch takes seconds to import
         logging.getLogger("dpsub").info("%s -> %s", plan_line(cfg), run_dir)
+        logging.getLogger("dpsub").info("setup: importing torch")  # seconds: never silent
     from dpsub.training.trainer import train
 
     return train(cfg, run_dir, resume=resume).test_accuracy
@@ -257,6 +275,7 @@ def run_dir_arg(args: list[str]) -> list[str]:
     return [f"out_dir={a.split('=', 1)[1]}" if a in given else a for a in args]
 
 
+@interruptible
 def cli() -> None:
     """``dpsub-train [experiment=NAME] [overrides]`` (see the module docstring)."""
     args = sys.argv[1:]

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpsub.errors import ConfigError
 from dpsub.runs import CONFIG, LOG, SUMMARY
-from dpsub.train import CONF_DIR, fail, job_dir
+from dpsub.train import CONF_DIR, fail, interruptible, job_dir
 
 log = logging.getLogger("dpsub")
 
@@ -150,6 +150,7 @@ def main(cfg: DictConfig) -> float:
     return eps if math.isfinite(eps) else float("inf")
 
 
+@interruptible
 def cli() -> None:
     """Unknown groups, options and training keys: one line and exit 2 (as dpsub-train)."""
     import sys

@@ -19,7 +19,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from dpsub.train import CONF_DIR, fail, job_dir
+from dpsub.train import CONF_DIR, fail, interruptible, job_dir
 
 log = logging.getLogger("dpsub")
 
@@ -161,6 +161,7 @@ def resume(args: list[str]) -> None:
     run_pate(OmegaConf.load(run_dir / "config.yaml"), run_dir, resume=True)
 
 
+@interruptible
 def cli() -> None:
     """Unknown groups, options and training keys: one line and exit 2 (as dpsub-train)."""
     from dpsub.train import check_args, run_dir_arg

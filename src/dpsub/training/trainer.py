@@ -295,7 +295,7 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
     run_dir = Path(dist.broadcast_object(str(run_dir)))  # rank 0's (its clock names it)
     if not dist.main:
         log.setLevel(logging.WARNING)
-    run = build_run(settings, dist=dist)
+    run = build_run(settings, dist=dist, say=log.info)
     unlock = detach_log = lambda: None  # noqa: E731
     fresh = False  # this process made the run dir (only then may a refusal remove it)
     if dist.main and (run_dir.is_dir() or not resume):  # one process per run dir, held
@@ -315,10 +315,10 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
         for line in notes:  # after attaching: train.log marks where a resumed run continues
             (log.warning if line.startswith("secure") else log.info)(line)
         result = _loop(run, cfg, run_dir)
-    except ConfigError:
+    except (ConfigError, KeyboardInterrupt):
         detach_log()
         unlock()
-        if fresh and run.step == 0:  # refused before its first step: leave nothing behind
+        if fresh and run.step == 0:  # refused or stopped before its first step: leave nothing
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     finally:
