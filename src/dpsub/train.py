@@ -144,12 +144,14 @@ def main(cfg: DictConfig) -> float:
         fail(ResumeError("resume: use `dpsub-train resume=<run dir>` on its own, not in a sweep"))
     if HydraConfig.get().mode == RunMode.MULTIRUN:  # finished: skipped; failed: recorded
         from dpsub.sweeps import run_job
+        from dpsub.training.progress import job_prefix
 
         hc = HydraConfig.get()
         name = f"job {hc.job.num}" + (
             f" ({hc.job.override_dirname})" if hc.job.override_dirname else ""
         )
-        return run_job(cfg, job_dir(cfg), train_run, name)
+        with job_prefix(f"job {hc.job.num} | "):  # parallel jobs' lines interleave
+            return run_job(cfg, job_dir(cfg), train_run, name)
     return run(cfg, job_dir(cfg))  # the value a Hydra sweeper would optimize
 
 

@@ -94,6 +94,37 @@ def console_above_bar():
             logger.addHandler(h)
 
 
+class _Prefixed(logging.Formatter):
+    """``base``'s format with ``prefix`` before the message (the record is left as it was)."""
+
+    def __init__(self, base: logging.Formatter | None, prefix: str):
+        super().__init__()
+        self.base, self.prefix = base or logging.Formatter(), prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.msg, record.args
+        record.msg, record.args = f"{self.prefix}{record.getMessage()}", None
+        try:
+            return self.base.format(record)
+        finally:
+            record.msg, record.args = saved
+
+
+@contextlib.contextmanager
+def job_prefix(prefix: str):
+    """Every console line (the root's and ``dpsub``'s handlers) starts its message with
+    ``prefix``: a sweep's job, whose lines interleave with the other jobs' (joblib workers)."""
+    handlers = [h for lg in (logging.getLogger(), log) for h in lg.handlers if _is_console(h)]
+    saved = [h.formatter for h in handlers]
+    for h in handlers:
+        h.setFormatter(_Prefixed(h.formatter, prefix))
+    try:
+        yield
+    finally:
+        for h, f in zip(handlers, saved, strict=True):
+            h.setFormatter(f)
+
+
 class _Bar:
     """A tqdm bar on stderr when ``enabled`` and stderr is a terminal (console log lines
     print above it), else none (``self.bar`` None)."""
