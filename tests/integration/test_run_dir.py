@@ -152,3 +152,28 @@ def test_the_start_up_says_what_takes_the_time(tmp_path, caplog):
     setup = [line for line in lines if line.startswith("setup: ")]
     assert [line.split()[1] for line in setup] == ["loading", "building", "the"], setup
     assert lines.index(setup[-1]) < next(i for i, t in enumerate(lines) if t.startswith("dataset "))
+
+
+def test_a_resumed_run_s_step_lines_show_the_last_evaluated_accuracy(tmp_path, monkeypatch, caplog):
+    """After a resume the step lines read ``test acc -`` until the next evaluation (issue 36):
+    they show the accuracy the resumed metrics last evaluated."""
+    import json
+    import logging
+
+    from dpsub.training import trainer
+
+    def stop_at_3(run, stop):
+        stop.signum = signal.SIGTERM
+        return run.step == 3
+
+    cfg = compose_cfg(*SYNTH, "train.max_steps=4", "train.eval_every=2", "train.log_every=1")
+    monkeypatch.setattr(trainer, "_stop_requested", stop_at_3)
+    with pytest.raises(SystemExit):
+        train(cfg, tmp_path / "run")
+    monkeypatch.undo()
+    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    acc = next(m["test/accuracy"] for m in evals if "test/accuracy" in m and m["step"] == 2)
+    with caplog.at_level(logging.INFO, logger="dpsub"):
+        train(cfg, tmp_path / "run", resume=True)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 4/4")]
+    assert line.endswith(f"test acc {100 * acc:.2f}%"), line

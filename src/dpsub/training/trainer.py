@@ -377,6 +377,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
     t = s.train
     stopped_by_budget = False
     acc = loss = None
+    shown = _resumed_accuracy(run_dir, run.step, run.data.eval_split) if run.step else None
     window, mech_private = Window(), {}
     progress = Progress(
         run.total_steps, run.step, t.progress and main, run.data.eval_split, timing=not run.secure
@@ -398,7 +399,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
                 if t.log_every and (step % t.log_every == 0 or last):
                     metrics = log_metrics(run, out, window, mech_private, private)
                     logger.log(metrics, step)
-                    progress.log(step, metrics, acc)
+                    progress.log(step, metrics, acc if acc is not None else shown)
                     window = Window()
                 if main and ((t.eval_every and step % t.eval_every == 0) or last):
                     acc, loss = evaluate(
@@ -407,7 +408,8 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
                     ev = {**eval_metrics(run, acc, loss), **epsilons(run, exact=True)}
                     logger.log(ev, step)
                     progress.evaluation(step, ev)
-                progress.update(step, epsilons(run, False).get("epsilon", math.inf), acc)
+                eps = epsilons(run, False).get("epsilon", math.inf)
+                progress.update(step, eps, acc if acc is not None else shown)
                 if t.checkpoint_every and step % t.checkpoint_every == 0:
                     tick()
                     checkpoint()
@@ -426,6 +428,19 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
     tick()
     final_eval = (acc, loss) if run.step == run.total_steps and acc is not None else None
     return _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval)
+
+
+def _resumed_accuracy(run_dir: Path, step: int, split: str) -> float | None:
+    """The last accuracy evaluated at or before ``step`` (a resumed run's step lines show it
+    until its next evaluation, not ``-``); None when there is none or no metrics file."""
+    from dpsub.logging import read_metrics
+
+    key = f"{split}/accuracy"
+    try:
+        evals = [m for m in read_metrics(run_dir) if key in m and m.get("step", 0) <= step]
+    except (OSError, ValueError):
+        return None
+    return evals[-1][key] if evals else None
 
 
 def membership_inference(run: Run, logger) -> dict:
