@@ -114,7 +114,7 @@ def write(run_dir: Path, cfg: DictConfig, audit: DictConfig, report: dict, run) 
     (run_dir / "audit.json").write_text(json.dumps(report, indent=2, default=float) + "\n")
     detach = attach_run_log(run_dir / LOG)
     try:
-        log.info(audit_line(report))
+        log.info("%s | run dir %s", audit_line(report), run_dir)
     finally:
         detach()
 
