@@ -199,10 +199,14 @@ def test_extraction_is_never_silent_without_a_terminal(tmp_path, caplog):
     """50k images featurized for minutes printed nothing (issue 36): a line at each tenth
     without a terminal (here), a bar on one unless train.progress=false."""
     import logging
+    from functools import partial
+
+    from dpsub.training.progress import Counter
 
     x = torch.rand(50, 1, 8, 8)
     with caplog.at_level(logging.INFO, logger="dpsub"):
-        cached_features(Counting(), {"name": "c"}, x, tmp_path, 5, None, "toy train", True)
+        counter = partial(Counter, enabled=True)  # as the trainer passes it
+        cached_features(Counting(), {"name": "c"}, x, tmp_path, 5, None, "toy train", counter)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("features of")]
     steps = [f"features of toy train: {n}/50 examples" for n in range(5, 50, 5)]
     assert lines == ["features of toy train (50 examples): extracting with c", *steps]

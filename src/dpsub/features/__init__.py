@@ -73,18 +73,18 @@ def _channel_affine(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> t
     return (x - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
 
 
-def featurize(data, opts: dict, root: str | Path, download: bool = False, progress: bool = True):
+def featurize(data, opts: dict, root: str | Path, download: bool = False, counter=None):
     """The bundle ``data`` with its images replaced by normalized frozen features. The global
     random state is left as it was: building (or pretraining) an extractor draws from it,
     which would make a run's initialization depend on whether its process had already
     extracted these features (the second job of a sweep differed from the same job alone).
-    ``download``: fetch the public CIFAR-100 images when missing; ``progress``: a bar while
-    extracting (``train.progress``; plain lines when stderr is not a terminal)."""
+    ``download``: fetch the public CIFAR-100 images when missing; ``counter(total, what)``:
+    progress while extracting (the trainer's bar, or plain lines without a terminal)."""
     with torch.random.fork_rng():
-        return _featurize(data, opts, Path(root).expanduser(), download, progress)
+        return _featurize(data, opts, Path(root).expanduser(), download, counter)
 
 
-def _featurize(data, opts: dict, root: Path, download: bool, progress: bool):
+def _featurize(data, opts: dict, root: Path, download: bool, counter):
     from dpsub.features.extractors import build_extractor
 
     extractor, ident = build_extractor(opts, data.in_shape, root, download)
@@ -92,7 +92,7 @@ def _featurize(data, opts: dict, root: Path, download: bool, progress: bool):
     batch, size = int(opts.get("batch_size", 500)), opts.get("image_size")
 
     def extract(x: torch.Tensor, what: str) -> torch.Tensor:
-        return cached_features(extractor, ident, x, cache_dir, batch, size, what, progress)
+        return cached_features(extractor, ident, x, cache_dir, batch, size, what, counter)
 
     train = extract(_to_unit(data.train_x, data.mean, data.std), f"{data.name} train")
     test = extract(_to_unit(data.test_x, data.mean, data.std), f"{data.name} test")

@@ -36,7 +36,7 @@ def cache_key(ident: dict, x: torch.Tensor, image_size=None) -> str:
 def run_extractor(
     extractor, x: torch.Tensor, batch: int, image_size=None, counter=None
 ) -> torch.Tensor:
-    """The extractor over ``x`` in batches; ``counter`` (training.progress.Counter) told of each."""
+    """The extractor over ``x`` in batches; ``counter`` (``advance(n)``) told of each."""
     out = []
     for i in range(0, len(x), batch):
         xb = x[i : i + batch]
@@ -51,22 +51,22 @@ def run_extractor(
 
 
 def cached_features(
-    extractor, ident, x, cache_dir: Path, batch: int, image_size, what: str, progress: bool = True
+    extractor, ident, x, cache_dir: Path, batch: int, image_size, what: str, counter=None
 ):
-    """The extractor's features of ``x`` (from the cache, or computed once and stored), with
-    a bar while extracting (``progress``; plain lines at each tenth without a terminal)."""
-    from dpsub.training.progress import Counter
-
+    """The extractor's features of ``x`` (from the cache, or computed once and stored).
+    ``counter(total, what)``: progress while extracting (the trainer's
+    :class:`~dpsub.training.progress.Counter`: a bar, or a line at each tenth)."""
     path = Path(cache_dir) / "features" / f"{cache_key(ident, x, image_size)}.pt"
     if path.is_file():
         log.info("features of %s (%d examples): cached %s", what, len(x), path)
         return torch.load(path, map_location="cpu", weights_only=True)
     log.info("features of %s (%d examples): extracting with %s", what, len(x), ident["name"])
-    counter = Counter(len(x), f"features of {what}", progress)
+    progress = counter(len(x), f"features of {what}") if counter is not None else None
     try:
-        feats = run_extractor(extractor, x, batch, image_size, counter)
+        feats = run_extractor(extractor, x, batch, image_size, progress)
     finally:
-        counter.close()
+        if progress is not None:
+            progress.close()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     torch.save(feats, tmp)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -34,6 +35,7 @@ from dpsub.privacy.account import PrivacyAccount
 from dpsub.privacy.sampling import sample_rate, seeded_uniform
 from dpsub.training.distributed import SINGLE, BroadcastNoise, Dist, broadcast_uniform, device_for
 from dpsub.training.optim import build_optimizer, build_schedule
+from dpsub.training.progress import Counter
 
 
 def _of_account(name: str, settable: bool = False) -> property:
@@ -121,9 +123,9 @@ def load_data(cfg: Settings | DictConfig) -> DatasetBundle:
     key = repr((d, opts, raw.data.root, seed))
     if key not in _FEATURES_MEMO:
         _FEATURES_MEMO.clear()
-        progress = bool(raw.get("train", {}).get("progress", True))
+        counter = partial(Counter, enabled=bool(raw.get("train", {}).get("progress", True)))
         download = bool(raw.data.get("download", False))
-        _FEATURES_MEMO[key] = featurize(_load_images(cfg), opts, raw.data.root, download, progress)
+        _FEATURES_MEMO[key] = featurize(_load_images(cfg), opts, raw.data.root, download, counter)
     return _FEATURES_MEMO[key]
 
 
