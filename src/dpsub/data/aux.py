@@ -52,7 +52,7 @@ from dpsub.data.aux_options import (
     check_aux_config,
     label_mode,
 )
-from dpsub.data.datasets import DatasetBundle
+from dpsub.data.datasets import DatasetBundle, downloading
 from dpsub.data.readers import bad_file, read_cifar_batch, read_npz
 from dpsub.data.subsets import balanced_pick, random_pick
 from dpsub.errors import ConfigError, DataError, DatasetNotFoundError
@@ -322,16 +322,12 @@ def _load_cifar100(
 def download_cifar100(root: Path, why: str, then: str) -> None:
     """torchvision's CIFAR-100 into ``root`` (``cifar-100-python/``); DatasetNotFoundError
     naming ``why`` (the option that asked) and ``then`` (what to set afterwards) on failure."""
-    try:
+    fix = (f"Download {CIFAR100_URL} by hand and extract it so that "
+           f"{root / CIFAR100_FOLDER / 'train'} exists, then set {then}.")  # fmt: skip
+    with downloading(f"CIFAR-100 ({why})", root, fix):
         import torchvision  # only to download (verifies the archive's md5)
 
         torchvision.datasets.CIFAR100(str(root), train=True, download=True)
-    except Exception as e:  # any failure (network, checksum, disk) means "no data"
-        raise DatasetNotFoundError(
-            f"Downloading CIFAR-100 ({why}) into {root} failed ({type(e).__name__}: {e}). "
-            f"Download {CIFAR100_URL} by hand and extract it so that "
-            f"{root / CIFAR100_FOLDER / 'train'} exists, then set {then}."
-        ) from e
 
 
 def _split_off(
