@@ -47,10 +47,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from dpsub import stats, studies, tables  # noqa: E402
+from dpsub.commands import how_to_run  # noqa: E402
 from dpsub.errors import ConfigError  # noqa: E402
 from dpsub.paths import project_root  # noqa: E402
 from dpsub.privacy.simulate import NOT_A_GUARANTEE  # noqa: E402
-from dpsub.runs import CHECKPOINT, RunDir, git_commit, provenance  # noqa: E402
+from dpsub.runs import CHECKPOINT, RunDir, provenance  # noqa: E402
 
 PROJECTION = "public_projection.json"
 PROVENANCE = "provenance.json"
@@ -159,13 +160,16 @@ def metric_values(table: tables.Table, jobs: list[tables.Job]) -> list[float]:
 
 
 # ----------------------------------------------------------- projection
-def public_projection(run_dir: Path, data_root: str | None, n: int) -> dict | None:
+def public_projection(
+    run_dir: Path, data_root: str | None, n: int, compute: bool = True
+) -> dict | None:
     """Relative projection error of ``n`` test examples' gradients (final model) onto the
-    run's final anchor subspace; cached in the run dir. None without a checkpoint/basis."""
+    run's final anchor subspace; cached in the run dir. None without a checkpoint/basis, or
+    (``compute=False``: a dry run) without the cache."""
     cache = run_dir / PROJECTION
     if cache.is_file():
         return json.loads(cache.read_text())
-    if not (run_dir / CHECKPOINT).is_file():
+    if not compute or not (run_dir / CHECKPOINT).is_file():
         return None
     import torch
 
@@ -199,13 +203,15 @@ def public_projection(run_dir: Path, data_root: str | None, n: int) -> dict | No
     return out
 
 
-def projections(table, found, args) -> dict[str, list[float]]:
-    """variant/cell id -> public projection errors of the mean test gradient (per seed)."""
+def projections(table, found, args, compute: bool = True) -> dict[str, list[float]]:
+    """variant/cell id -> public projection errors of the mean test gradient (per seed);
+    ``compute=False``: the cached ones only (a dry run writes nothing)."""
     out: dict[str, list[float]] = {}
     for variant in ("paper", "tuned"):
         for cid, jobs in found[variant].items():
             for j in jobs:
-                p = public_projection(j.dir.resolve(), args.data_root, args.projection_examples)
+                where = j.dir.resolve()
+                p = public_projection(where, args.data_root, args.projection_examples, compute)
                 if p is not None:
                     out.setdefault(f"{variant}/{cid}", []).append(p["mean_gradient"])
     return out
@@ -499,11 +505,20 @@ def _dodge(ax, xs: list, n: int):
     return lambda j, x: x + (j - (n - 1) / 2) * step
 
 
+def figures(table, setting: str, proj: dict, out: Path) -> list[Path]:
+    """The figures :func:`plot_metric` draws: accuracy.png when the column / x axis is
+    numeric, projection.png beside it where there are projection errors."""
+    col = col_axis(table)
+    if col is None or not _numeric([c[col] for c in table.cells(setting)]):
+        return []
+    return [out / "accuracy.png", *([out / "projection.png"] if proj else [])]
+
+
 def plot_metric(table, found, setting: str, proj: dict, out: Path) -> list[Path]:
     """accuracy.png (metric vs column/x axis per row) and, with data, projection.png."""
     col = col_axis(table)
     cells = table.cells(setting)
-    if col is None or not _numeric([c[col] for c in cells]):
+    if not figures(table, setting, proj, out):
         return []
     rows = list(dict.fromkeys(tuple((a, c[a]) for a in row_axes(table, setting)) for c in cells))
     xs = list(dict.fromkeys(c[col] for c in cells))
@@ -600,7 +615,6 @@ def recorded(dest: Path, args) -> dict:
         rec = {**provenance(), "notes": []}
     if args.note:
         rec["notes"] = list(args.note)
-    path.write_text(json.dumps(rec, indent=1) + "\n")
     return rec
 
 
@@ -609,10 +623,8 @@ def header(table, args, found, rec: dict) -> list[str]:
     hours, n = train_hours(found)
     extra = " ".join(args.extra)
     tune = " --tune" if found["tune"] else ""
-    cmd = f"python scripts/reproduce.py {table.name} --setting {args.setting}{tune}"
+    cmd = f"{how_to_run('reproduce.py')} {table.name} --setting {args.setting}{tune}"
     cmd += f" {extra}" if extra else ""
-    now = git_commit() or "unknown"
-    again = [] if now == rec["commit"] else [f"- re-rendered from the same runs at commit `{now}`"]
     return [
         f"# {table.title}",
         "",
@@ -623,8 +635,7 @@ def header(table, args, found, rec: dict) -> list[str]:
         "",
         *[line for note in rec.get("notes", []) for line in (f"> **Note.** {note}", "")],
         f"- commit: `{rec['commit']}`; rendered {rec['date']} (recorded in {PROVENANCE})",
-        *again,
-        f"- runs: `{cmd}` (OMP_NUM_THREADS=1), then `python scripts/make_table.py {table.name} "
+        f"- runs: `{cmd}` (OMP_NUM_THREADS=1), then `{how_to_run('make_table.py')} {table.name} "
         f"--setting {args.setting}`",
         f"- hardware: {rec['hardware']}",
         f"- {n} runs, {hours:.2f} h of training wall-clock in total",
@@ -643,6 +654,8 @@ def copy_runs(found, dest: Path) -> None:
 
 
 def render(table, args) -> Path:
+    """Write the table's README.md, provenance.json, figures and run copies into its folder
+    (``--dry-run``: say what would be written, write nothing)."""
     found = collect(table, args)
     try:
         found["simulated"] = simulation_marks(table, found, args.setting)
@@ -653,11 +666,26 @@ def render(table, args) -> Path:
             f"no finished runs of {table.name} under {tables.setting_dir(args.runs, table, args.setting, args.extra)}"
         )
     dest = tables.setting_dir(args.out, table, args.setting, args.extra)
+    rec = recorded(dest, args)
+    proj = {} if args.no_projection else projections(table, found, args, not args.dry_run)
+    if args.dry_run:
+        figs = figures(table, args.setting, proj, dest)
+        kept = (dest / PROVENANCE).is_file() and not args.restamp
+        dry_run(dest, rec, readme(table, args, found, rec, figs, proj), figs, found, kept)
+        return dest
     dest.mkdir(parents=True, exist_ok=True)
-    proj = {} if args.no_projection else projections(table, found, args)
     copy_runs(found, dest)
+    (dest / PROVENANCE).write_text(json.dumps(rec, indent=1) + "\n")
+    figs = plot_metric(table, found, args.setting, proj, dest)
+    (dest / "README.md").write_text(readme(table, args, found, rec, figs, proj))
+    return dest
+
+
+def readme(table, args, found, rec: dict, figs: list[Path], proj: dict) -> str:
+    """The README.md text: a function of the runs and the recorded provenance only, so a
+    re-render of the same runs leaves the file byte-identical."""
     lines = (
-        header(table, args, found, recorded(dest, args))
+        header(table, args, found, rec)
         + simulation_note(found["simulated"])
         + markdown_table(table, found, args.setting)
         + [""]
@@ -665,14 +693,34 @@ def render(table, args) -> Path:
         + verdict_lines(table, found, args.setting)
         + check_lines(table, found, args.setting)
     )
-    figs = plot_metric(table, found, args.setting, proj, dest)
     lines += [f"![{f.stem}]({f.name})" for f in figs] + [""]
     if proj:
         lines += ["Projection error: " + PROJECTION_NOTE, ""]
     lines += tuning_lines(table, found, args.setting)
     lines += [f"- {n}" for n in table.notes]
-    (dest / "README.md").write_text("\n".join(lines).rstrip() + "\n")
-    return dest
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def dry_run(dest: Path, rec: dict, text: str, figs: list[Path], found, kept: bool) -> None:
+    """What :func:`render` would write into ``dest``, and whether it would change anything."""
+    old = dest / "README.md"
+    if not old.is_file():
+        state = "new"
+    elif old.read_text() == text:
+        state = "unchanged"
+    else:
+        diff = set(old.read_text().splitlines()) ^ set(text.splitlines())
+        state = f"changed: {len(diff)} lines differ"
+    prov = "kept" if kept else "new"
+    runs = [j for v in ("paper", "tuned", "tune") for jobs in found[v].values() for j in jobs]
+    new = sum(not (dest / j.variant / j.name).is_dir() for j in runs)
+    print(f"dry run (nothing written): {dest}")
+    print(f"  README.md: {state}")
+    print(f"  {PROVENANCE}: {prov} (commit {rec['commit']}, rendered {rec['date']})")
+    print(f"  figures: {', '.join(f.name for f in figs) or 'none'}")
+    print(
+        f"  small files of {len(runs)} runs into {{paper,tuned,tune}}/<job>/ ({new} not there yet)"
+    )
 
 
 PROJECTION_NOTE = (
@@ -700,6 +748,9 @@ def parse(argv):
         "--out", type=Path, default=project_root() / "results" / "tables", help="output root"
     )
     p.add_argument("--no-projection", action="store_true", help="skip the projection errors")
+    p.add_argument("--dry-run", action="store_true",
+                   help="say what would be written (and whether README.md would change); write "
+                        "nothing")  # fmt: skip
     p.add_argument("--data-root", default=None, help="data.root for the projection errors")
     p.add_argument("--projection-examples", type=int, default=1000)
     p.add_argument("--note", action="append", default=[],
@@ -737,7 +788,8 @@ def main(argv=None) -> int:
         )
         args.runs = project_root() / "outputs" / "tables" if made.is_dir() else args.out
     dest = render(table, args)
-    print(f"wrote {dest / 'README.md'}")
+    if not args.dry_run:
+        print(f"wrote {dest / 'README.md'}")
     return 0
 
 

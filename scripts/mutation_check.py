@@ -67,7 +67,7 @@ MUTANTS = (
     Mutant(
         "features-normalized-on-private-train",
         "src/dpsub/features/__init__.py",
-        'mean, std = public_stats(extract(public_images(opts, data.in_shape, root), "public"))',
+        'mean, std = public_stats(extract(public, "public"))',
         "mean, std = public_stats(train)",
         ("tests/unit/test_features.py", "-k", "private_split"),
     ),

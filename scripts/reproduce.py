@@ -59,6 +59,7 @@ except ImportError:  # a checkout without the package installed
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from dpsub import costs, runs, tables  # noqa: E402
+from dpsub.commands import how_to_run  # noqa: E402
 from dpsub.errors import ConfigError  # noqa: E402
 from dpsub.paths import conf_dir, project_root  # noqa: E402
 
@@ -225,7 +226,7 @@ def dry_run(args, table, jobs, tuned) -> None:
     if args.extra:
         say(f"# overrides changing the runs: {' '.join(args.extra)}")
     say(f"# runs go to {tables.setting_dir(args.out, table, args.setting, args.extra)}/<variant>/<job>; "
-        f"render with: python scripts/make_table.py {table.name} --setting {args.setting} "
+        f"render with: {how_to_run('make_table.py')} {table.name} --setting {args.setting} "
         f"{' '.join(args.extra)}".rstrip())  # fmt: skip
     rows, where = costs.estimate(
         all_jobs,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import types
 
-from dpsub.paths import scripts_dir
+from dpsub.paths import scripts_dir, wheel_install
 
 #: command -> script (pyproject.toml's [project.scripts] and force-include list these)
 COMMANDS = {
@@ -22,6 +22,13 @@ COMMANDS = {
     "dpsub-plot": "plot_runs.py",  # accuracy against steps and epsilon
     "dpsub-mia": "mia.py",  # membership inference on a finished run
 }
+
+
+def how_to_run(script: str) -> str:
+    """What a user types to run ``scripts/<script>``: its console command in a wheel install
+    (which has no scripts/ folder), else ``python scripts/<script>``."""
+    command = {s: c for c, s in COMMANDS.items()}.get(script)
+    return command if command and wheel_install() else f"python scripts/{script}"
 
 
 def _run(command: str) -> None:

@@ -26,10 +26,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from dpsub import runs
 from dpsub.data.names import published_train_size
 from dpsub.errors import DataError
-from dpsub.paths import project_root
+from dpsub.paths import committed_step_times, wheel_install
 
-COMMITTED_TIMES = project_root() / "results" / "tables" / "step_times.json"
+COMMITTED_TIMES = committed_step_times()
 NO_TIME = "no step time cached or recorded for this setting (--time measures it)"
+NO_TIME_WHEEL = (
+    "no step time for this setting: none measured here, and an installed dpsub has only the "
+    "repository's committed step times, not its finished runs (--time measures it: a few steps)"
+)
 
 
 def dataset_shape(cfg: DictConfig | dict) -> tuple[int, int]:
@@ -201,7 +205,8 @@ def estimate(
             noted.add(note)
             say(f"# {note}")
         steps = plan_steps(cfg, n)[1] if n is not None else None
-        why = note if n is None else ("" if math.isfinite(step_s) else NO_TIME)
+        no_time = NO_TIME_WHEEL if wheel_install() else NO_TIME
+        why = note if n is None else ("" if math.isfinite(step_s) else no_time)
         sec = steps * step_s if steps else math.nan
         rows.append({"job": job, "steps": steps, "step_s": step_s, "sec": sec, "n": n, "why": why})
     return rows, st.where

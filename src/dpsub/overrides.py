@@ -12,7 +12,10 @@ the closest valid names:
   choices (every combination of a sweep's); the message says which option of the group
   has the key when the chosen one lacks it (``mechanism.num_bases`` without ``mechanism=gep``).
 
-Keys added with ``+KEY=VALUE`` are left to :func:`dpsub.config.validate`.
+Each command checks against its own config (``config_name``): ``audit=``/``audit.*`` belong to
+``dpsub-audit`` (``conf/dpsub_audit.yaml``), ``pate=``/``pate.*`` to ``dpsub-pate``; another
+command refuses them by name. Keys added with ``+KEY=VALUE`` are left to
+:func:`dpsub.config.validate`.
 
 :func:`compose` (also ``dpsub.config.compose``) is the one place Hydra composes a config.
 """
@@ -42,6 +45,13 @@ __all__ = [
 
 #: Folders of conf/ that are not Hydra config groups a run can select.
 NOT_GROUPS = {"hydra": "Hydra's own settings", "paper": "paper tables (dpsub-reproduce TABLE)"}
+#: The command of each top-level config (``conf/<config_name>.yaml``).
+COMMANDS = {"config": "dpsub-train", "dpsub_audit": "dpsub-audit", "dpsub_pate": "dpsub-pate"}
+#: Groups that only one top-level config has in its defaults list.
+OWN_GROUPS = {"audit": "dpsub_audit", "pate": "dpsub_pate"}
+#: The key of a group that says which option it is, when it is not ``name``; setting it
+#: alone keeps the other option's keys (``audit.kind=onerun`` kept the white-box audit's).
+NAME_KEYS = {"audit": "kind", "pate": "aggregator"}
 
 
 # --------------------------------------------------------------- composing
@@ -61,10 +71,14 @@ def compose(
     from hydra import compose as hydra_compose
     from hydra.core.global_hydra import GlobalHydra
 
+    overrides = list(overrides)
+    if _SEARCH and not any(o.startswith("hydra.searchpath=") for o in overrides):
+        overrides.append(search_override())
+
     def run() -> DictConfig:
         return hydra_compose(
             config_name=config_name,
-            overrides=list(overrides),
+            overrides=overrides,
             return_hydra_config=return_hydra_config,
         )
 
@@ -72,6 +86,27 @@ def compose(
         return run()
     with config_context():
         return run()
+
+
+#: The user's own config folders of this process (``--config-dir``, ``hydra.searchpath``):
+#: Hydra searches them after conf/, and so do the checks here and :func:`compose`.
+_SEARCH: list[str] = []
+
+
+def use_config_dirs(entries: Sequence[str]) -> None:
+    """Search ``entries`` (``file://DIR``, ``DIR`` or ``pkg://PACKAGE``) too, from now on."""
+    _SEARCH[:] = [e if "://" in e else f"file://{Path(e).expanduser().resolve()}" for e in entries]
+
+
+def search_override() -> str:
+    """The ``hydra.searchpath=[...]`` override of :func:`use_config_dirs`' folders."""
+    return "hydra.searchpath=[" + ",".join(f"'{e}'" for e in _SEARCH) + "]"
+
+
+def _group_dirs(group: str) -> list[Path]:
+    """conf/<group> and <folder>/<group> of each file:// folder searched."""
+    extra = [Path(e.removeprefix("file://")) for e in _SEARCH if e.startswith("file://")]
+    return [d / group for d in (conf_dir(), *extra)]
 
 
 @contextlib.contextmanager
@@ -83,13 +118,20 @@ def config_context() -> Iterator[None]:
         yield
 
 
-def config_groups() -> list[str]:
-    """The config groups a run can select (``conf/<group>/``), sorted."""
-    return sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name not in NOT_GROUPS)
+def config_groups(config_name: str = "config") -> list[str]:
+    """The config groups a run of ``conf/<config_name>.yaml`` can select (``conf/<group>/``),
+    sorted: ``audit`` only for ``dpsub_audit``, ``pate`` only for ``dpsub_pate``."""
+    return sorted(
+        p.name
+        for p in conf_dir().iterdir()
+        if p.is_dir()
+        and p.name not in NOT_GROUPS
+        and OWN_GROUPS.get(p.name, config_name) == config_name
+    )
 
 
 def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+    return sorted({p.stem for d in _group_dirs(group) for p in d.glob("*.yaml")})
 
 
 def closest(word: str, choices: list[str], n: int = 3) -> list[str]:
@@ -112,9 +154,13 @@ def _check_option(group: str, option: str) -> None:
             f"with `dpsub-reproduce {option}` (docs/tables.md)"
         )
     options = group_options(group)
+    if any(e.startswith("pkg://") for e in _SEARCH):
+        return  # a package's configs: Hydra checks them
     if option not in options and option != "null":
         raise ConfigError(
-            f"{group}={option}: no {group} named {option!r} in conf/{group}/; "
+            f"{group}={option}: no {group} named {option!r} in conf/{group}/"
+            + (" or your config folders' (--config-dir, hydra.searchpath)" if _SEARCH else "")
+            + "; "
             + _hint(option, options)
         )
 
@@ -129,7 +175,7 @@ def _flat_keys(node, prefix: str = "") -> list[str]:
     return out
 
 
-def unknown_key(cfg: DictConfig, key: str) -> str | None:
+def unknown_key(cfg: DictConfig, key: str, config_name: str = "config") -> str | None:
     """None if ``key`` exists in ``cfg``, else one line saying so, with the close keys."""
     parts = key.split(".")
     node = cfg
@@ -140,20 +186,23 @@ def unknown_key(cfg: DictConfig, key: str) -> str | None:
         parent = ".".join(parts[:i])
         if not isinstance(node, DictConfig):
             return f"{key}: {parent} is a value, not a section (it is {node._value()!r})"
-        return _describe_missing(cfg, parent, part, node)
+        return _describe_missing(cfg, parent, part, node, config_name)
     return None
 
 
-def _describe_missing(cfg: DictConfig, parent: str, part: str, node: DictConfig) -> str:
+def _describe_missing(
+    cfg: DictConfig, parent: str, part: str, node: DictConfig, config_name: str
+) -> str:
     key = f"{parent}.{part}" if parent else part
     siblings = [str(k) for k in node]
+    groups = config_groups(config_name)
     if not parent:  # top level: a key or a config group
-        near = closest(part, sorted(set(siblings) | set(config_groups())))
+        near = closest(part, sorted(set(siblings) | set(groups)))
         return f"{key}: no such key or config group" + (
             f"; closest: {', '.join(near)}" if near else ""
         )
-    is_group = parent in config_groups()
-    where = f"{parent}={node.get('name', '?')}" if is_group else parent
+    is_group = parent in groups
+    where = f"{parent}={node.get(NAME_KEYS.get(parent, 'name'), '?')}" if is_group else parent
     near = closest(part, siblings) or [s for s in siblings if s.startswith(part)][:3]
     if near:
         msg = f"{key}: no such key in {where}; closest: {', '.join(f'{parent}.{n}' for n in near)}"
@@ -171,7 +220,9 @@ def _describe_missing(cfg: DictConfig, parent: str, part: str, node: DictConfig)
 
 
 def _yaml(group: str, option: str) -> Path:
-    return conf_dir() / group / f"{option}.yaml"
+    return next(
+        d / f"{option}.yaml" for d in _group_dirs(group) if (d / f"{option}.yaml").is_file()
+    )
 
 
 def _values(override) -> list[str]:
@@ -183,7 +234,7 @@ def _values(override) -> list[str]:
     return [override.get_value_element_as_str()]
 
 
-def _parse(overrides: list[str]):
+def parse_overrides(overrides: list[str]):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -194,14 +245,16 @@ def _parse(overrides: list[str]):
         raise ConfigError(f"cannot parse the overrides: {first}") from None
 
 
-def check_overrides(overrides: list[str]) -> None:
-    """Raise ConfigError (one line) for an override naming no group option or key."""
-    parsed = [o for o in _parse(overrides) if not o.is_hydra_override()]
-    groups = set(config_groups()) | {"paper"}
+def check_overrides(overrides: list[str], config_name: str = "config") -> None:
+    """Raise ConfigError (one line) for an override naming no group option or key of
+    ``conf/<config_name>.yaml`` (``config``: dpsub-train; ``dpsub_audit``, ``dpsub_pate``)."""
+    parsed = [o for o in parse_overrides(overrides) if not o.is_hydra_override()]
+    groups = set(config_groups(config_name)) | {"paper"}
     choices: list[list[str]] = []  # each group override's options, for the key checks
     keys = []
     for o in parsed:
         name = o.key_or_group
+        _check_entry(name, config_name)
         if name in groups:
             if not o.is_delete():
                 values = _values(o)
@@ -211,19 +264,34 @@ def check_overrides(overrides: list[str]) -> None:
         elif not (o.is_add() or o.is_force_add()):
             keys.append(name)
     if keys:
-        _check_keys(keys, choices)
+        _check_keys(keys, choices, config_name)
 
 
-def _check_keys(keys: list[str], choices: list[list[str]]) -> None:
+def _check_entry(name: str, config_name: str) -> None:
+    """A group (or its key) of another command, or a group's name key set alone: refused."""
+    group, _, key = name.partition(".")
+    owner = OWN_GROUPS.get(group, config_name)
+    if owner != config_name:
+        raise ConfigError(
+            f"{name}: the {group} group is {COMMANDS[owner]}'s, not {COMMANDS[config_name]}'s"
+        )
+    if key and key == NAME_KEYS.get(group):
+        raise ConfigError(
+            f"{name}: choose the {group} with {group}=OPTION ({', '.join(group_options(group))}); "
+            f"{name} alone would keep the other option's keys"
+        )
+
+
+def _check_keys(keys: list[str], choices: list[list[str]], config_name: str) -> None:
     with config_context():
         for job in itertools.product(*[c for c in choices if c]):
             try:
-                cfg = compose(job)
+                cfg = compose(job, config_name=config_name)
             except Exception as e:  # noqa: BLE001 -- Hydra's own message, one line
                 first = str(e).strip().splitlines()[0]
                 raise ConfigError(f"{' '.join(job)}: {first}") from None
             for key in keys:
-                msg = unknown_key(cfg, key)
+                msg = unknown_key(cfg, key, config_name)
                 if msg:
                     raise ConfigError(msg)
 
@@ -240,7 +308,7 @@ def apply_to_saved(saved: DictConfig, overrides: list[str]) -> DictConfig:
     cfg = saved.copy()
     with config_context():
         default = compose()
-        for o in _parse(overrides):
+        for o in parse_overrides(overrides):
             name, text = o.key_or_group, o.input_line
             if o.is_sweep_override():
                 raise ConfigError(f"resume: {text}: one value per key (a sweep cannot resume)")

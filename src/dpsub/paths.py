@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["conf_dir", "project_root", "scripts_dir"]
+__all__ = ["committed_step_times", "conf_dir", "project_root", "scripts_dir", "wheel_install"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -45,3 +45,19 @@ def project_root() -> Path:
     """Where the scripts put ``outputs/`` and ``results/`` by default: the repository in a
     source checkout, the working directory in a wheel install (as ``dpsub-train`` does)."""
     return Path.cwd() if _packaged("conf") else _PACKAGE.parents[1]
+
+
+def wheel_install() -> bool:
+    """Installed from a wheel (configs and scripts inside the package), not a checkout."""
+    return _packaged("conf") is not None
+
+
+def committed_step_times() -> Path:
+    """The step times committed with the repository (``results/tables/step_times.json``),
+    which the wheel ships as ``dpsub/step_times.json``: ``dpsub-reproduce --dry-run``'s costs."""
+    packaged = _PACKAGE / "step_times.json"
+    return (
+        packaged
+        if packaged.is_file()
+        else _PACKAGE.parents[1] / "results" / "tables" / "step_times.json"
+    )

@@ -20,6 +20,7 @@ privacy error (a mechanism drawing less noise than its plan).
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -35,15 +36,18 @@ from dpsub.runs import CONFIG
 CONF_DIR = str(conf_dir())  # the wheel's dpsub/conf, or the repository's conf/
 MULTIRUN_FLAGS = ("-m", "--multirun")
 #: Hydra flags after which the overrides are not dpsub's (another config tree, completion)
-OWN_CONFIG_FLAGS = ("-cp", "--config-path", "-cd", "--config-dir", "-cn", "--config-name")
-OWN_CONFIG_FLAGS += ("-sc", "--shell-completion")
+OWN_CONFIG_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-sc", "--shell-completion")
+#: Hydra's flag that adds the user's config folder (searched, and checked, after conf/)
+CONFIG_DIR_FLAGS = ("-cd", "--config-dir")
 
 
-def _groups_help() -> str:
-    """``--help``'s group list: Hydra's $APP_CONFIG_GROUPS without conf/paper (tables)."""
+def _groups_help(config_name: str = "config") -> str:
+    """``--help``'s group list: Hydra's $APP_CONFIG_GROUPS without conf/paper (tables) and
+    without the groups of the other commands (``audit``, ``pate``)."""
     from dpsub.overrides import config_groups, group_options
 
-    return "".join(f"{g}: {', '.join(group_options(g))}\n" for g in config_groups())
+    groups = config_groups(config_name)
+    return "".join(f"{g}: {', '.join(group_options(g))}\n" for g in groups)
 
 
 OmegaConf.register_new_resolver("dpsub_groups", _groups_help, replace=True)
@@ -58,6 +62,22 @@ def fail(err: BaseException) -> None:
     )
     print(f"dpsub: {label}{err}", file=sys.stderr, flush=True)
     sys.exit(exit_code(err))
+
+
+def interruptible(cli_fn):
+    """A command whose Ctrl-C (or SIGINT) is one line on stderr and exit code 130, never a
+    traceback; a run interrupted before its first step leaves no run dir (trainer.train),
+    one interrupted later resumes from its last checkpoint."""
+
+    @functools.wraps(cli_fn)
+    def wrapped() -> None:
+        try:
+            cli_fn()
+        except KeyboardInterrupt:
+            print("dpsub: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+            sys.exit(130)
+
+    return wrapped
 
 
 def plan_line(cfg: DictConfig) -> str:
@@ -105,6 +125,7 @@ def train_run(cfg: DictConfig, run_dir: Path, resume: bool = False) -> float:
     check_environment(cfg)  # data files, W&B key (torch-free), then the device
     if os.environ.get("RANK", "0") == "0":  # the plan first: torch takes seconds to import
         logging.getLogger("dpsub").info("%s -> %s", plan_line(cfg), run_dir)
+        logging.getLogger("dpsub").info("setup: importing torch")  # seconds: never silent
     from dpsub.training.trainer import train
 
     return train(cfg, run_dir, resume=resume).test_accuracy
@@ -138,11 +159,13 @@ def main(cfg: DictConfig) -> float:
         fail(ResumeError("resume: use `dpsub-train resume=<run dir>` on its own, not in a sweep"))
     if HydraConfig.get().mode == RunMode.MULTIRUN:  # finished: skipped; failed: recorded
         from dpsub.sweeps import job_label, run_job
+        from dpsub.training.progress import job_prefix
 
         hc = HydraConfig.get()
         label = job_label(list(hc.overrides.task))
         name = f"job {hc.job.num}" + (f" ({label})" if label else "")
-        return run_job(cfg, job_dir(cfg), train_run, name)
+        with job_prefix(f"job {hc.job.num} | "):  # parallel jobs' lines interleave
+            return run_job(cfg, job_dir(cfg), train_run, name)
     return run(cfg, job_dir(cfg))  # the value a Hydra sweeper would optimize
 
 
@@ -217,18 +240,57 @@ def multirun(args: list[str]) -> None:
     sweeps.report(sweep_dir)
 
 
-def check_args(args: list[str]) -> None:
-    """Unknown groups, options and keys: one line and exit 2 before Hydra composes."""
-    from dpsub.overrides import check_overrides
+def check_args(args: list[str], config_name: str = "config") -> None:
+    """Unknown groups, options and keys of ``conf/<config_name>.yaml``: one line and exit 2
+    before Hydra composes."""
+    from dpsub.overrides import check_overrides, use_config_dirs
 
     if any(a.split("=")[0] in OWN_CONFIG_FLAGS for a in args):
         return  # another config tree: Hydra checks it
     try:
-        check_overrides([a for a in args if a.startswith("~") or ("=" in a and a[0] != "-")])
+        use_config_dirs(config_dirs(args))
+        overrides = [a for a in args if a.startswith("~") or ("=" in a and a[0] != "-")]
+        check_overrides(overrides, config_name)
     except ConfigError as e:
         fail(e)
 
 
+def config_dirs(args: list[str]) -> list[str]:
+    """The user's config folders: ``--config-dir DIR`` (``-cd``) and ``hydra.searchpath=[...]``."""
+    from dpsub.overrides import parse_overrides
+
+    dirs = []
+    for i, a in enumerate(args):
+        flag, eq, value = a.partition("=")
+        if flag in CONFIG_DIR_FLAGS:
+            dirs.append(value if eq else (args[i + 1] if i + 1 < len(args) else ""))
+        elif flag == "hydra.searchpath":
+            dirs += [str(v) for v in parse_overrides([a])[0].value()]
+    return [d for d in dirs if d]
+
+
+def run_dir_arg(args: list[str]) -> list[str]:
+    """Hydra's ``hydra.run.dir=X`` (dpsub keeps Hydra in ``.`` and makes the run dir itself)
+    as ``out_dir=X``; refused in a sweep (``hydra.sweep.dir``) or beside ``out_dir=``."""
+    given = [a for a in args if a.startswith("hydra.run.dir=")]
+    if not given:
+        return args
+    if any(a in MULTIRUN_FLAGS for a in args):
+        fail(
+            ConfigError(
+                "hydra.run.dir: a sweep writes under hydra.sweep.dir=DIR (one folder per job)"
+            )
+        )
+    if len(given) > 1 or any(a.startswith("out_dir=") for a in args):
+        fail(
+            ConfigError(
+                "hydra.run.dir: give the run dir once, as out_dir=DIR (or hydra.run.dir=DIR)"
+            )
+        )
+    return [f"out_dir={a.split('=', 1)[1]}" if a in given else a for a in args]
+
+
+@interruptible
 def cli() -> None:
     """``dpsub-train [experiment=NAME] [overrides]`` (see the module docstring)."""
     args = sys.argv[1:]
@@ -245,6 +307,7 @@ def cli() -> None:
             )
         except ConfigError as e:
             fail(e)
+    sys.argv[1:] = args = run_dir_arg(args)
     check_args(args)
     if any(a in MULTIRUN_FLAGS for a in args):
         multirun(args)

@@ -31,9 +31,14 @@ def write_fake_cifar10(root: Path, per_batch: int = 20, n_test: int = 10) -> Non
         pickle.dump(meta, f)
 
 
-def write_fake_public_npz(path: Path, n: int = 64) -> Path:
-    """An npz shaped like the public CIFAR-100 images (``images``: (n, 32, 32, 3) uint8)."""
-    rng = np.random.default_rng(1)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, images=rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8))
-    return path
+def write_fake_cifar100(root: Path, n: int = 40) -> tuple[np.ndarray, np.ndarray]:
+    """CIFAR-100's training set in torchvision's python layout (``cifar-100-python/train``)
+    under ``root``: random pixels ``(n, 3072)`` and fine labels, both returned."""
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+    fine = rng.integers(0, 100, n).tolist()
+    d = root / "cifar-100-python"
+    d.mkdir(parents=True)
+    with open(d / "train", "wb") as f:
+        pickle.dump({b"data": data, b"fine_labels": fine, b"coarse_labels": [0] * n}, f)
+    return data, np.asarray(fine)

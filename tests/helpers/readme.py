@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, SHARED, cli_command
-from helpers.data import write_fake_cifar10, write_fake_public_npz
+from helpers.data import write_fake_cifar10, write_fake_cifar100
 
 CHEAP = ("train.max_steps=1", "train.eval_every=0")
 
@@ -41,7 +41,7 @@ USAGE = {
     "uv run dpsub-train grads.backend=ghost": CHEAP,
     "uv run dpsub-train privacy.rng=secure": CHEAP,
     "uv run torchrun --nproc_per_node 2 -m dpsub.train dataset=mnist": CHEAP,
-    # frozen features of CIFAR-10: run on a fake CIFAR-10 (and public npz) in torchvision's layout
+    # frozen features of CIFAR-10: run on a fake CIFAR-10 and CIFAR-100 in torchvision's layout
     "uv run dpsub-train experiment=a3_gep features=scatternet features.pool=2 mechanism.num_bases=99": (
         "fake_cifar10",
     ),
@@ -112,7 +112,7 @@ def check_usage_line(line: str, tmp_path: Path) -> None:
     env = {**env, "OMP_NUM_THREADS": "1"}
     if extra == ("fake_cifar10",):  # 600 test images: the 500 anchors and 100 to evaluate
         write_fake_cifar10(tmp_path / "data", per_batch=40, n_test=600)
-        write_fake_public_npz(tmp_path / "data" / "aux" / "cifar100_train_first10000.npz")
+        write_fake_cifar100(tmp_path / "data", n=64)  # torchvision's layout, as a user has it
         extra = (*CHEAP, "train.batch_size=50", f"data.root={tmp_path / 'data'}")
         extra = (*extra, f"features.cache_dir={tmp_path}")
     if extra == ("resume",):  # resume a run that was stopped early

@@ -60,7 +60,9 @@ def test_dpsub_audit_pate_writes_audit_json_and_bad_option_is_one_line(tmp_path,
     report = run_audit(compose(base, config_name="dpsub_audit"), tmp_path / "a")
     saved = json.loads((tmp_path / "a" / "audit.json").read_text())
     assert saved["kind"] == "pate" and saved["lower_bound"] == report["lower_bound"]
-    assert "audit: pate gnmax | lower bound" in (tmp_path / "a" / "train.log").read_text()
+    line = (tmp_path / "a" / "train.log").read_text().strip().splitlines()[-1]
+    assert "audit: pate gnmax | lower bound" in line
+    assert line.endswith(f"| run dir {tmp_path / 'a'}")  # where it wrote (issue 36)
     with pytest.raises(SystemExit) as e:
         run_audit(compose([*base, "audit.sigma2=-1"], config_name="dpsub_audit"), tmp_path / "b")
     assert e.value.code == 2 and "audit.sigma2" in capsys.readouterr().err

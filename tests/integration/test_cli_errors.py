@@ -176,3 +176,23 @@ print("ok")
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env
     )
     assert proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+# ------------------------------------------- other commands' groups (in-process)
+@pytest.mark.parametrize(
+    "override, needles, absent",
+    [
+        ("datset=mnist", ["datset", "closest: dataset"], "pate"),  # suggested pate (issue 36)
+        ("audit=onerun", ["audit", "dpsub-audit"], "No match"),
+        ("pate.sigma2=4", ["pate.sigma2", "dpsub-pate"], "no such key"),
+    ],
+)
+def test_dpsub_train_neither_suggests_nor_takes_audit_or_pate(override, needles, absent):
+    from dpsub.errors import ConfigError
+    from dpsub.overrides import check_overrides
+
+    with pytest.raises(ConfigError) as e:
+        check_overrides([override, "seed=1"])
+    for needle in needles:
+        assert needle in str(e.value), (needle, str(e.value))
+    assert absent not in str(e.value)

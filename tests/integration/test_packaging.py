@@ -116,9 +116,17 @@ def test_installed_script_commands_run_from_another_directory(installed: Path, t
     for command in COMMANDS:
         out = _run(bin_dir / command, "--help", cwd=tmp_path)
         assert out.startswith(f"usage: {command} "), command
-    code = "from dpsub.paths import project_root, scripts_dir; print(project_root(), scripts_dir())"
-    root, scripts = map(Path, _run(installed, "-c", code, cwd=tmp_path).split())
+    code = (
+        "from dpsub.paths import committed_step_times, project_root, scripts_dir\n"
+        "from dpsub.commands import how_to_run\n"
+        "print(project_root(), scripts_dir(), committed_step_times(), how_to_run('make_table.py'))"
+    )
+    root, scripts, times, render = _run(installed, "-c", code, cwd=tmp_path).split()
+    root, scripts = Path(root), Path(scripts)
     assert root == tmp_path and installed.parent.parent in scripts.parents
+    # the committed step times ship (dpsub-reproduce --dry-run's costs); messages name commands
+    assert Path(times).read_bytes() == (REPO / "results/tables/step_times.json").read_bytes()
+    assert render == "dpsub-table"
     assert {p.name for p in scripts.iterdir()} == set(COMMANDS.values())
     # a real use: the run the console script trains, summarized by the installed command
     env = {**os.environ, "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
@@ -144,3 +152,13 @@ def test_every_command_s_script_is_in_the_wheel_list() -> None:
         assert scripts[command] == f"dpsub.commands:{command.removeprefix('dpsub-')}", command
         assert include[f"scripts/{script}"] == f"dpsub/scripts/{script}"
         assert (REPO / "scripts" / script).is_file()
+
+
+def test_messages_name_the_scripts_in_a_checkout_and_the_commands_in_an_install(monkeypatch):
+    from dpsub import commands
+
+    assert commands.how_to_run("make_table.py") == "python scripts/make_table.py"  # checkout
+    monkeypatch.setattr(commands, "wheel_install", lambda: True)
+    assert commands.how_to_run("make_table.py") == "dpsub-table"
+    assert commands.how_to_run("reproduce.py") == "dpsub-reproduce"
+    assert commands.how_to_run("audit_table.py") == "python scripts/audit_table.py"  # not shipped

@@ -176,3 +176,71 @@ def test_a_seeded_run_killed_before_its_first_checkpoint_resumes_by_replay_from_
     assert counted(tmp_path / "killed") == 4
     lines = [(tmp_path / d / "metrics.jsonl").read_text() for d in ("killed", "whole")]
     assert lines[0] == lines[1]  # the killed attempt's lines were replaced, not kept beside
+
+
+def test_ctrl_c_before_the_first_step_leaves_no_run_dir(tmp_path, monkeypatch):
+    """Ctrl-C while a run sets up (issue 36): nothing half-written is left behind."""
+    from dpsub.training import trainer
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "_start_or_resume", interrupted)  # the run dir exists by then
+    with pytest.raises(KeyboardInterrupt):
+        train(compose_cfg(*SYNTH, "train.max_steps=2"), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["dpsub.train", "dpsub.audit.cli", "dpsub.pate.cli"])
+def test_ctrl_c_is_one_line_and_exit_130(command, monkeypatch, capsys):
+    """A 77-line traceback before (issue 36); the end-to-end SIGINT is tests/e2e."""
+    import importlib
+
+    module = importlib.import_module(command)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "main", interrupted)
+    monkeypatch.setattr(sys, "argv", [command, "seed=1"])
+    with pytest.raises(SystemExit) as e:
+        module.cli()
+    assert e.value.code == 130
+    assert capsys.readouterr().err == "dpsub: interrupted (Ctrl-C)\n"
+
+
+def test_the_start_up_says_what_takes_the_time(tmp_path, caplog):
+    """Seconds of silence after the plan line (issue 36): each slow part of the set-up is named."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="dpsub"):
+        train(compose_cfg(*SYNTH, "train.max_steps=1"), tmp_path / "run")
+    lines = [r.getMessage() for r in caplog.records]
+    setup = [line for line in lines if line.startswith("setup: ")]
+    assert [line.split()[1] for line in setup] == ["loading", "building", "the"], setup
+    assert lines.index(setup[-1]) < next(i for i, t in enumerate(lines) if t.startswith("dataset "))
+
+
+def test_a_resumed_run_s_step_lines_show_the_last_evaluated_accuracy(tmp_path, monkeypatch, caplog):
+    """After a resume the step lines read ``test acc -`` until the next evaluation (issue 36):
+    they show the accuracy the resumed metrics last evaluated."""
+    import json
+    import logging
+
+    from dpsub.training import trainer
+
+    def stop_at_3(run, stop):
+        stop.signum = signal.SIGTERM
+        return run.step == 3
+
+    cfg = compose_cfg(*SYNTH, "train.max_steps=4", "train.eval_every=2", "train.log_every=1")
+    monkeypatch.setattr(trainer, "_stop_requested", stop_at_3)
+    with pytest.raises(SystemExit):
+        train(cfg, tmp_path / "run")
+    monkeypatch.undo()
+    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    acc = next(m["test/accuracy"] for m in evals if "test/accuracy" in m and m["step"] == 2)
+    with caplog.at_level(logging.INFO, logger="dpsub"):
+        train(cfg, tmp_path / "run", resume=True)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 4/4")]
+    assert line.endswith(f"test acc {100 * acc:.2f}%"), line

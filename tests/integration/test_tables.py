@@ -394,3 +394,30 @@ def test_dry_run_counts_every_pick_while_some_cells_still_tune(tmp_path):
     assert len(rows) == 3 * 3, rows  # mechanisms x seeds
     waiting = [r for r in rows if "| after tuning |" in r]
     assert len(waiting) == 2 * 3 and not any("dpsgd" in r for r in waiting)
+
+
+def test_a_re_render_of_the_committed_runs_is_byte_identical_and_dry_run_writes_nothing(
+    tmp_path, capsys
+):
+    """Re-rendering a committed table changed its README (a "re-rendered at commit" line,
+    issue 36): the README is now a function of the runs and their recorded provenance, and
+    ``--dry-run`` says what would be written without writing."""
+    import shutil
+
+    make_table = load_script("make_table")
+    committed = REPO / "results" / "tables"
+    dest = tmp_path / "gep1-mnist" / "cpu+train.epochs=10"
+    shutil.copytree(committed / "gep1-mnist" / "cpu+train.epochs=10", dest)
+
+    def files() -> dict:
+        return {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+
+    argv = ["gep1-mnist", "--setting", "cpu", "train.epochs=10", "--runs", str(committed),
+            "--out", str(tmp_path), "--no-projection"]  # fmt: skip
+    before = files()
+    assert make_table.main([*argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "dry run (nothing written)" in out and "README.md: unchanged" in out
+    assert files() == before
+    assert make_table.main(argv) == 0
+    assert files() == before  # every file byte-identical: README, provenance, figure, runs

@@ -23,6 +23,7 @@ from dpsub.data.aux_options import AUX_SOURCES, LABEL_MODES, check_aux_config
 from dpsub.errors import DataError
 
 from conftest import SHARED_ROOT
+from helpers.data import write_fake_cifar100
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "aux"
 NATURAL = Path("aux") / "tinyimagenet_val_32x32.npz"
@@ -323,19 +324,8 @@ def test_truncated_copy_of_the_real_natural_npz(mono: DatasetBundle, tmp_path: P
 # ------------------------------------------------------------------ cifar100
 
 
-def _write_fake_cifar100(root: Path, n: int = 40) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(0)
-    data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
-    fine = rng.integers(0, 100, n).tolist()
-    d = root / "cifar-100-python"
-    d.mkdir(parents=True)
-    with open(d / "train", "wb") as f:
-        pickle.dump({b"data": data, b"fine_labels": fine, b"coarse_labels": [0] * n}, f)
-    return data, np.asarray(fine)
-
-
 def test_cifar100_from_fake_pickle(mono: DatasetBundle, rgb: DatasetBundle, tmp_path: Path) -> None:
-    data, fine = _write_fake_cifar100(tmp_path)
+    data, fine = write_fake_cifar100(tmp_path)
     aux, out = build_aux({"name": "cifar100", "num_samples": 25}, mono, root=str(tmp_path), seed=0)
     assert out is mono and aux.x.shape == (25, 1, 28, 28) and aux.y.shape == (25,)
     raw = aux.x * mono.std[0] + mono.mean[0]
@@ -368,7 +358,7 @@ def test_cifar100_from_fake_pickle(mono: DatasetBundle, rgb: DatasetBundle, tmp_
     ids=["truncated", "no-labels", "not-a-dict"],
 )
 def test_cifar100_corrupt_pickle(mono: DatasetBundle, tmp_path: Path, write, fragment) -> None:
-    _write_fake_cifar100(tmp_path)
+    write_fake_cifar100(tmp_path)
     write(tmp_path / "cifar-100-python" / "train")
     with pytest.raises(DataError) as err:
         build_aux({"name": "cifar100", "num_samples": 4}, mono, root=str(tmp_path), seed=0)
@@ -393,7 +383,7 @@ def test_cifar100_download(mono: DatasetBundle, tmp_path: Path, monkeypatch) -> 
         raise RuntimeError("no network")
 
     def working(root, train, download):
-        _write_fake_cifar100(Path(root))
+        write_fake_cifar100(Path(root))
 
     fake = types.ModuleType("torchvision")
     fake.datasets = types.SimpleNamespace(CIFAR100=failing)

@@ -19,10 +19,10 @@ from conftest import SHARED, needs_shared
 FILE_BACKED = ["mnist", "fashion_mnist", "cifar10", "cifar10_subset", "svhn"]
 
 
-def cfg(root: Path, dataset: str, aux: dict | None = None, **extra):
+def cfg(root: Path, dataset: str, aux: dict | None = None, features=None, **extra):
     return OmegaConf.create(
         {"data": {"root": str(root), "download": False}, "dataset": {"name": dataset, **extra},
-         "aux": aux or {"name": "none"}}
+         "aux": aux or {"name": "none"}, "features": features or {"name": "none"}}
     )  # fmt: skip
 
 
@@ -100,3 +100,65 @@ def test_aux_files(tmp_path):
 @pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "cifar10_subset"])
 def test_the_shared_data_passes(name):
     check_files(cfg(SHARED, name, {"name": "natural", "path": None}))
+
+
+def features_cfg(root: Path, features: dict, download: bool = False):
+    c = cfg(root, "digits", features={"norm": "public", **features})
+    c.data.download = download
+    return c
+
+
+@pytest.mark.parametrize(
+    "name, key", [("scatternet", "norm_path"), ("cifar100_resnet", "pretrain_path")]
+)
+def test_features_without_public_images_say_how_to_get_them(tmp_path, name, key):
+    """The default public images were a file this project derived (issue 36): now
+    torchvision's CIFAR-100 under data.root, and one line saying how to get or replace it."""
+    with pytest.raises(DatasetNotFoundError) as e:
+        check_files(features_cfg(tmp_path, {"name": name}))
+    msg = str(e.value)
+    assert msg.startswith(f"features.{key}: ") and "\n" not in msg
+    assert str(tmp_path / CIFAR100_TRAIN) in msg and "data.download=true" in msg
+    assert ("features.norm=example" in msg) == (key == "norm_path")
+    check_files(features_cfg(tmp_path, {"name": name}, download=True))  # fetched at load time
+    replaced = {"norm": "example"} if key == "norm_path" else {key: __file__, "norm": "none"}
+    check_files(features_cfg(tmp_path, {"name": name, **replaced}))
+
+
+def test_features_read_torchvision_s_cifar100_or_the_npz_of_its_first_images(tmp_path):
+    from dpsub.data.files import features_file
+    from dpsub.features.public import read_public
+
+    from helpers.data import write_fake_cifar100
+
+    data, fine = write_fake_cifar100(tmp_path, n=30)
+    torchvision_file = features_file({}, "norm_path", tmp_path)
+    assert torchvision_file == tmp_path / CIFAR100_TRAIN
+    images, labels = read_public(torchvision_file, tmp_path, 20)
+    assert images.shape == (20, 32, 32, 3) and (labels == fine[:20]).all()
+    assert (images.transpose(0, 3, 1, 2).reshape(20, -1) == data[:20]).all()
+    npz = tmp_path / "aux" / "cifar100_train_first10000.npz"  # the same images, an npz
+    npz.parent.mkdir()
+    np.savez(npz, images=images, labels=labels)
+    assert features_file({}, "norm_path", tmp_path) == npz
+    again, _ = read_public(npz, tmp_path, 20)
+    assert (again == images).all()
+    assert features_file({"norm_path": "x.npz"}, "norm_path", tmp_path) == Path("x.npz")
+
+
+def test_features_fetch_cifar100_with_data_download(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from dpsub.features.public import public_file
+
+    from helpers.data import write_fake_cifar100
+
+    fake = types.ModuleType("torchvision")  # no network: torchvision's download faked
+    fake.datasets = types.SimpleNamespace(
+        CIFAR100=lambda root, **_: write_fake_cifar100(Path(root))
+    )
+    monkeypatch.setitem(sys.modules, "torchvision", fake)
+    with pytest.raises(DatasetNotFoundError, match="data.download=true"):
+        public_file({"name": "scatternet"}, "norm_path", tmp_path)
+    assert public_file({}, "norm_path", tmp_path, download=True) == tmp_path / CIFAR100_TRAIN

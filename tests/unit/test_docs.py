@@ -64,7 +64,33 @@ def test_no_reference_outside_the_repository(page):
 def test_named_experiments_exist():
     names = {p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml")}
     for page in [REPO / "README.md", *(REPO / "docs").glob("*.md")]:
-        for found in re.findall(r"experiment=([\w,]+)", page.read_text()):
+        text = page.read_text()
+        own = set(re.findall(r"/experiment/(\w+)\.yaml", text))  # a user's own, made on the page
+        for found in re.findall(r"experiment=([\w,]+)", text):
             for name in found.split(","):
                 if name.isidentifier() and not name.startswith("NAME"):
-                    assert name in names, f"{rel(page)}: experiment={name} does not exist"
+                    assert name in names | own, f"{rel(page)}: experiment={name} does not exist"
+
+
+def test_cited_files_exist():
+    """A page that cites a test or source file names one that exists (docs/architecture.md
+    cited tests/test_architecture.py after the tests moved to tests/unit/, issue 36)."""
+    cited = re.compile(r"(?<![\w/.])((?:tests|src|scripts)/[\w/]+\.py)")
+    for page in [REPO / "README.md", *(REPO / "docs").glob("*.md")]:
+        text = page.read_text()
+        for path in cited.findall(text):
+            if f"Write `{path}`" in text:  # a file the page tells the reader to create
+                continue
+            assert (REPO / path).is_file(), f"{rel(page)} cites {path}, which does not exist"
+
+
+def test_gpu_page_starts_with_the_user_s_own_gpu():
+    """docs/gpu.md described the project's staging kit first (issue 36): a user's part
+    (install, device=cuda, train.amp=bf16, determinism) comes before the kit."""
+    text = (REPO / "docs" / "gpu.md").read_text()
+    sections = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert sections[0] == "On your own GPU"
+    user = text.split("\n## ")[1]
+    for needle in ("uv sync", "device=cuda", "train.amp=bf16", "Determinism"):
+        assert needle in user, needle
+    assert text.index("## On your own GPU") < text.index("GPU kit")

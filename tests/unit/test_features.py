@@ -193,3 +193,35 @@ def test_featurize_leaves_the_global_random_state_as_it_was(tmp_path):
         after = torch.rand(3)
         torch.manual_seed(7)
         assert torch.equal(after, torch.rand(3))
+
+
+def test_extraction_is_never_silent_without_a_terminal(tmp_path, caplog):
+    """50k images featurized for minutes printed nothing (issue 36): a line at each tenth
+    without a terminal (here), a bar on one unless train.progress=false."""
+    import logging
+    from functools import partial
+
+    from dpsub.training.progress import Counter
+
+    x = torch.rand(50, 1, 8, 8)
+    with caplog.at_level(logging.INFO, logger="dpsub"):
+        counter = partial(Counter, enabled=True)  # as the trainer passes it
+        cached_features(Counting(), {"name": "c"}, x, tmp_path, 5, None, "toy train", counter)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("features of")]
+    steps = [f"features of toy train: {n}/50 examples" for n in range(5, 50, 5)]
+    assert lines == ["features of toy train (50 examples): extracting with c", *steps]
+
+
+@pytest.mark.parametrize("tty, enabled", [(True, True), (True, False), (False, True)])
+def test_extraction_bar_only_on_a_terminal_with_progress_on(monkeypatch, tty, enabled):
+    import sys
+
+    from dpsub.training.progress import Counter
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
+    counter = Counter(10, "features of toy", enabled)
+    try:
+        assert (counter.bar is not None) == (tty and enabled)
+        counter.advance(10)
+    finally:
+        counter.close()

@@ -58,3 +58,38 @@ def test_disabled_writes_only_metrics_jsonl(tmp_path: Path) -> None:
     logger.close()
     assert not (tmp_path / "wandb").exists()
     assert read_metrics(tmp_path) == [{"step": 1, "train/loss": 0.5}]
+
+
+def test_a_sweep_job_s_console_lines_carry_its_prefix_and_one_format(tmp_path: Path) -> None:
+    """A joblib sweep interleaved its jobs' lines without saying whose, under two formats
+    (Hydra's and dpsub's; issue 36): each job's console lines start with ``job N | ``, its
+    train.log stays as it was, and Hydra's own lines use dpsub's format."""
+    import logging
+    import sys
+
+    from dpsub.training.progress import FORMAT, job_prefix
+
+    logger = logging.getLogger("dpsub.test_prefix")
+    console, file = logging.StreamHandler(sys.stdout), logging.FileHandler(tmp_path / "train.log")
+    for h in (console, file):
+        h.setFormatter(logging.Formatter("[%(levelname)s] %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(console)
+    logger.addHandler(file)
+    logger.propagate, logger.level = True, logging.INFO
+    lines = []
+    console.emit = lambda record: lines.append(console.format(record))  # what it would print
+    try:
+        with job_prefix("job 3 | "):
+            logger.info("step %d/%d", 1, 2)
+        logger.info("after")
+    finally:
+        root.removeHandler(console)
+        logger.removeHandler(file)
+        file.close()
+    assert lines == ["[INFO] job 3 | step 1/2", "[INFO] after"]
+    assert (tmp_path / "train.log").read_text() == "[INFO] step 1/2\n[INFO] after\n"
+    hydra_own = OmegaConf.load(CONF / "hydra" / "hydra_logging" / "dpsub.yaml")
+    jobs = OmegaConf.load(CONF / "hydra" / "job_logging" / "dpsub.yaml")
+    assert hydra_own.formatters == jobs.formatters and jobs.formatters.simple.format == FORMAT
+    assert "override hydra/hydra_logging: dpsub" in (CONF / "config.yaml").read_text()

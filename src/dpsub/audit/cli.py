@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpsub.errors import ConfigError
 from dpsub.runs import CONFIG, LOG, SUMMARY
-from dpsub.train import CONF_DIR, fail, job_dir
+from dpsub.train import CONF_DIR, fail, interruptible, job_dir
 
 log = logging.getLogger("dpsub")
 
@@ -115,7 +115,7 @@ def write(run_dir: Path, cfg: DictConfig, audit: DictConfig, report: dict, run) 
     (run_dir / "audit.json").write_text(json.dumps(report, indent=2, default=float) + "\n")
     detach = attach_run_log(run_dir / LOG)
     try:
-        log.info(audit_line(report))
+        log.info("%s | run dir %s", audit_line(report), run_dir)
     finally:
         detach()
 
@@ -151,13 +151,15 @@ def main(cfg: DictConfig) -> float:
     return eps if math.isfinite(eps) else float("inf")
 
 
+@interruptible
 def cli() -> None:
     """Unknown groups, options and training keys: one line and exit 2 (as dpsub-train)."""
     import sys
 
-    from dpsub.train import check_args
+    from dpsub.train import check_args, run_dir_arg
 
-    check_args([a for a in sys.argv[1:] if not a.lstrip("+~").startswith("audit.")])
+    sys.argv[1:] = args = run_dir_arg(sys.argv[1:])
+    check_args(args, config_name="dpsub_audit")
     main()
 
 

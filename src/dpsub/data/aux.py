@@ -52,7 +52,7 @@ from dpsub.data.aux_options import (
     check_aux_config,
     label_mode,
 )
-from dpsub.data.datasets import DatasetBundle
+from dpsub.data.datasets import DatasetBundle, downloading
 from dpsub.data.readers import bad_file, read_cifar_batch, read_npz
 from dpsub.data.subsets import balanced_pick, random_pick
 from dpsub.errors import ConfigError, DataError, DatasetNotFoundError
@@ -300,22 +300,9 @@ def _load_cifar100(
         return _load_cifar100_npz(data, num_samples, generator, root, path)
     directory = root / CIFAR100_FOLDER
     train_file = "train"
-
-    def fetch() -> None:
-        import torchvision  # only to download (verifies the archive's md5)
-
-        torchvision.datasets.CIFAR100(str(root), train=True, download=True)
-
     file = directory / train_file
     if not file.is_file() and download:
-        try:
-            fetch()
-        except Exception as e:  # any failure (network, checksum, disk) means "no data"
-            raise DatasetNotFoundError(
-                f"Downloading CIFAR-100 (aux.name=cifar100, aux.download=true) into {root} "
-                f"failed ({type(e).__name__}: {e}). Download {CIFAR100_URL} by hand and "
-                f"extract it so that {file} exists, then set aux.download=false."
-            ) from e
+        download_cifar100(root, "aux.name=cifar100, aux.download=true", "aux.download=false")
     if not file.is_file():
         raise DatasetNotFoundError(
             f"Auxiliary dataset CIFAR-100 (aux.name=cifar100) not found: missing {file} "
@@ -330,6 +317,17 @@ def _load_cifar100(
     idx = random_pick(len(images), num_samples, generator).numpy()
     x = convert_images(torch.from_numpy(images[idx]), data.in_shape, data.mean, data.std)
     return x, torch.from_numpy(labels[idx]), data
+
+
+def download_cifar100(root: Path, why: str, then: str) -> None:
+    """torchvision's CIFAR-100 into ``root`` (``cifar-100-python/``); DatasetNotFoundError
+    naming ``why`` (the option that asked) and ``then`` (what to set afterwards) on failure."""
+    fix = (f"Download {CIFAR100_URL} by hand and extract it so that "
+           f"{root / CIFAR100_FOLDER / 'train'} exists, then set {then}.")  # fmt: skip
+    with downloading(f"CIFAR-100 ({why})", root, fix):
+        import torchvision  # only to download (verifies the archive's md5)
+
+        torchvision.datasets.CIFAR100(str(root), train=True, download=True)
 
 
 def _split_off(

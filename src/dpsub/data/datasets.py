@@ -28,8 +28,9 @@ Design notes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +124,18 @@ class _Raw:
     default_size: int | None = None  # resize to this when image_size is not given
 
 
+@contextlib.contextmanager
+def downloading(what: str, root: Path, fix: str) -> Iterator[None]:
+    """Any failure of a download (network, checksum, disk) as one DatasetNotFoundError:
+    ``Downloading <what> into <root> failed (<error>). <fix>``."""
+    try:
+        yield
+    except Exception as e:  # any failure means "no data"
+        raise DatasetNotFoundError(
+            f"Downloading {what} into {root} failed ({type(e).__name__}: {e}). {fix}"
+        ) from e
+
+
 def _require_files(
     name: str,
     directory: Path,
@@ -145,14 +158,10 @@ def _require_files(
         return [f for f in files if not present(directory, f)]
 
     if missing() and download is not None:
-        try:
+        fix = (f"Download it manually from {source} and place {', '.join(files)} under "
+               f"{directory}, then set data.root={root} and data.download=false.")  # fmt: skip
+        with downloading(f"dataset '{name}'", root, fix):
             download()
-        except Exception as e:  # any failure (network, checksum, disk) means "no data"
-            raise DatasetNotFoundError(
-                f"Downloading dataset '{name}' into {root} failed ({type(e).__name__}: {e}). "
-                f"Download it manually from {source} and place {', '.join(files)} "
-                f"under {directory}, then set data.root={root} and data.download=false."
-            ) from e
     lost = missing()
     if lost:
         raise DatasetNotFoundError(

@@ -74,28 +74,55 @@ def check_files(cfg: Any) -> None:
                 f"(searched data root {root}). {FIX_HINT}"
             )
     _check_aux_files(cfg.get("aux") or {}, root)
-    _check_feature_files(cfg.get("features") or {}, root)
+    _check_feature_files(cfg.get("features") or {}, root, bool(cfg.data.get("download")))
 
 
-#: the public CIFAR-100 file the features group reads by default (dpsub/features)
-FEATURES_DEFAULT_FILE = "aux/cifar100_train_first10000.npz"
+#: The public CIFAR-100 images ``features.norm_path`` / ``features.pretrain_path`` read when
+#: null: the first of these under data.root that exists. torchvision's CIFAR-100 training set
+#: (``data.download=true`` fetches it), or an npz of its first 10,000 images in their order
+#: (``images``, ``labels``): both give the same images (the first ``norm_samples``, 10,000).
+FEATURES_DEFAULT_FILES = ("aux/cifar100_train_first10000.npz", CIFAR100_TRAIN)
 
 
-def _check_feature_files(f: Any, root: Path) -> None:
+def features_file(f: Any, key: str, root: Path) -> Path | None:
+    """The file ``features.<key>`` reads: its value, else the first default under ``root``
+    that exists; None when it is null and no default exists."""
+    value = f.get(key)
+    if value:
+        return Path(str(value)).expanduser()
+    return next((root / n for n in FEATURES_DEFAULT_FILES if (root / n).is_file()), None)
+
+
+def no_public_images(f: Any, key: str, root: Path) -> DatasetNotFoundError:
+    """One line: where the public images were looked for, how to get or replace them."""
+    alt = " or features.norm=example (no public images)" if key == "norm_path" else ""
+    need = "'images' (n, H, W, 3) uint8" + (" and 'labels'" if key == "pretrain_path" else "")
+    return DatasetNotFoundError(
+        f"features.{key}: features={f.get('name')} needs public CIFAR-100 images and "
+        f"{root / CIFAR100_TRAIN} is missing: add data.download=true (torchvision fetches "
+        f"CIFAR-100 into data.root), or set features.{key}=<an .npz with {need}>{alt}"
+    )
+
+
+def _check_feature_files(f: Any, root: Path, download: bool) -> None:
     """DatasetNotFoundError naming the file a features option would read."""
     name = f.get("name", "none")
     if name == "none":
         return
     keys = ["pretrain_path"] if name == "cifar100_resnet" else []
     keys += ["norm_path"] if f.get("norm") == "public" else []
-    keys += ["path"] if name == "torchscript" else []
     for key in keys:
-        file = f.get(key) or (root / FEATURES_DEFAULT_FILE if key != "path" else None)
-        if file is None or not Path(str(file)).expanduser().is_file():
-            raise DatasetNotFoundError(
-                f"features.{key}: {file} is not a file (default <data.root>/"
-                f"{FEATURES_DEFAULT_FILE}, the public CIFAR-100 images); see docs/features.md"
-            )
+        file = features_file(f, key, root)
+        if file is None and not download:
+            raise no_public_images(f, key, root)
+        if file is not None and not file.is_file():
+            raise DatasetNotFoundError(f"features.{key}: {file} is not a file")
+    path = f.get("path") if name == "torchscript" else ""
+    if path is None or (path and not Path(str(path)).expanduser().is_file()):
+        raise DatasetNotFoundError(
+            f"features.path: {path} is not a file (features=torchscript needs a TorchScript "
+            "model); see docs/features.md"
+        )
 
 
 def _check_aux_files(aux: Any, root: Path) -> None:

@@ -11,8 +11,9 @@ ordinary dataset.
 Normalization (``features.norm``):
 
 * ``public`` (default): per feature channel, mean and std of the extractor's output on
-  ``features.norm_samples`` *public* images (``features.norm_path``; default the CIFAR-100
-  file under ``data.root``), converted to the private images' shape (grayscale, resize).
+  ``features.norm_samples`` *public* images (``features.norm_path``; default the first
+  CIFAR-100 training images under ``data.root``: ``features/public.py``), converted to the
+  private images' shape (grayscale, resize).
 * ``example``: each example standardized on its own, per group of channels
   (``features.groups``): Tramer and Boneh's data-independent group normalization.
 * ``none``: raw features.
@@ -32,7 +33,6 @@ from dpsub.features.cache import cached_features
 __all__ = ["featurize", "public_stats", "normalize_examples"]
 
 log = logging.getLogger("dpsub.features")
-DEFAULT_NORM = "aux/cifar100_train_first10000.npz"
 
 
 def _to_unit(x: torch.Tensor, mean, std) -> torch.Tensor:
@@ -41,14 +41,14 @@ def _to_unit(x: torch.Tensor, mean, std) -> torch.Tensor:
     return x * torch.tensor(std).view(shape) + torch.tensor(mean).view(shape)
 
 
-def public_images(opts: dict, in_shape, root: Path) -> torch.Tensor:
+def public_images(opts: dict, in_shape, root: Path, download: bool = False) -> torch.Tensor:
     """The public images the ``public`` normalization is computed on, in [0, 1], private shape."""
     from dpsub.data.aux import convert_images
+    from dpsub.features.public import public_file, read_public
 
-    path = Path(str(opts.get("norm_path") or Path(root).expanduser() / DEFAULT_NORM))
-    with np.load(path) as f:
-        images = f["images"][: int(opts.get("norm_samples", 2000))]
-    x = torch.from_numpy(images).permute(0, 3, 1, 2)
+    file = public_file(opts, "norm_path", root, download)
+    images, _ = read_public(file, root, int(opts.get("norm_samples", 2000)))
+    x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
     c = in_shape[0]
     return convert_images(x, in_shape, (0.0,) * c, (1.0,) * c)
 
@@ -73,31 +73,33 @@ def _channel_affine(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> t
     return (x - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
 
 
-def featurize(data, opts: dict, root: str | Path):
+def featurize(data, opts: dict, root: str | Path, download: bool = False, counter=None):
     """The bundle ``data`` with its images replaced by normalized frozen features. The global
     random state is left as it was: building (or pretraining) an extractor draws from it,
     which would make a run's initialization depend on whether its process had already
-    extracted these features (the second job of a sweep differed from the same job alone)."""
+    extracted these features (the second job of a sweep differed from the same job alone).
+    ``download``: fetch the public CIFAR-100 images when missing; ``counter(total, what)``:
+    progress while extracting (the trainer's bar, or plain lines without a terminal)."""
     with torch.random.fork_rng():
-        return _featurize(data, opts, root)
+        return _featurize(data, opts, Path(root).expanduser(), download, counter)
 
 
-def _featurize(data, opts: dict, root: str | Path):
+def _featurize(data, opts: dict, root: Path, download: bool, counter):
     from dpsub.features.extractors import build_extractor
 
-    root = Path(root).expanduser()
-    extractor, ident = build_extractor(opts, data.in_shape, root)
+    extractor, ident = build_extractor(opts, data.in_shape, root, download)
     cache_dir = Path(str(opts["cache_dir"])).expanduser()
     batch, size = int(opts.get("batch_size", 500)), opts.get("image_size")
 
     def extract(x: torch.Tensor, what: str) -> torch.Tensor:
-        return cached_features(extractor, ident, x, cache_dir, batch, size, what)
+        return cached_features(extractor, ident, x, cache_dir, batch, size, what, counter)
 
     train = extract(_to_unit(data.train_x, data.mean, data.std), f"{data.name} train")
     test = extract(_to_unit(data.test_x, data.mean, data.std), f"{data.name} test")
     norm = opts.get("norm", "public")
     if norm == "public":
-        mean, std = public_stats(extract(public_images(opts, data.in_shape, root), "public"))
+        public = public_images(opts, data.in_shape, root, download)
+        mean, std = public_stats(extract(public, "public"))
         train, test = _channel_affine(train, mean, std), _channel_affine(test, mean, std)
     elif norm == "example":
         groups = int(opts.get("groups", 1))

@@ -79,8 +79,9 @@ class Penultimate(nn.Module):
         return out.reshape(len(x), -1, 1, 1) if out.ndim == 2 else out
 
 
-def build_extractor(opts: dict, in_shape: tuple[int, int, int], root: Path):
-    """``(module, identity)`` for the ``features`` config group ``opts`` (name != none)."""
+def build_extractor(opts: dict, in_shape: tuple[int, int, int], root: Path, download: bool = False):
+    """``(module, identity)`` for the ``features`` config group ``opts`` (name != none);
+    ``download``: fetch CIFAR-100 for ``cifar100_resnet``'s pretraining when missing."""
     name = opts["name"]
     if name == "scatternet":
         J, L, pool = int(opts.get("J", 2)), int(opts.get("L", 8)), opts.get("pool")
@@ -90,7 +91,7 @@ def build_extractor(opts: dict, in_shape: tuple[int, int, int], root: Path):
     if name == "cifar100_resnet":
         from dpsub.features.pretrain import load_or_train
 
-        body, ident = load_or_train(opts, root)
+        body, ident = load_or_train(opts, root, download)
         return Penultimate(body).eval(), ident
     if name == "torchscript":
         path = Path(str(opts["path"])).expanduser()

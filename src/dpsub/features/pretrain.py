@@ -1,8 +1,8 @@
 """``cifar100_resnet``: a small GroupNorm ResNet trained non-privately on public CIFAR-100.
 
 The images are the genuine CIFAR-100 training images in ``features.pretrain_path``
-(default ``<data.root>/aux/cifar100_train_first10000.npz``): public data here, never the
-private set. Trained once (a few CPU-minutes), its weights cached in ``features.cache_dir``
+(default the first 10,000 of torchvision's CIFAR-100 under data.root, or an npz of them:
+``features/public.py``): public data here, never the private set. Trained once (a few CPU-minutes), its weights cached in ``features.cache_dir``
 under a key of the training options and the file's hash; the extractor's identity carries
 the hash of the weights themselves, so retrained weights never reuse stale features.
 """
@@ -22,8 +22,6 @@ from torch.nn import functional as F
 from dpsub.features.extractors import file_hash, state_hash
 
 log = logging.getLogger("dpsub.features")
-
-DEFAULT_PRETRAIN = "aux/cifar100_train_first10000.npz"
 
 
 class Block(nn.Module):
@@ -108,9 +106,24 @@ def _augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return torch.where(flip.view(n, 1, 1, 1), out.flip(3), out)
 
 
-def load_or_train(opts: dict, root: Path) -> tuple[nn.Module, dict]:
+def _pretrain_data(path: Path, root: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images in [0, 1] (n, 3, 32, 32) and fine labels: all of an npz, or the first 10,000
+    of torchvision's CIFAR-100 (what the npz default holds)."""
+    from dpsub.errors import DataError
+    from dpsub.features.public import PRETRAIN_IMAGES, read_public
+
+    images, labels = read_public(path, root, None if path.suffix == ".npz" else PRETRAIN_IMAGES)
+    if labels is None:
+        raise DataError(f"features.pretrain_path: {path} has no 'labels' array (0-99)")
+    x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float().div(255.0)
+    return x, torch.from_numpy(labels).long()
+
+
+def load_or_train(opts: dict, root: Path, download: bool = False) -> tuple[nn.Module, dict]:
     """The pretrained body (images in [0, 1] -> (n, 4w)) and its identity; cached."""
-    path = Path(str(opts.get("pretrain_path") or Path(root).expanduser() / DEFAULT_PRETRAIN))
+    from dpsub.features.public import public_file
+
+    path = public_file(opts, "pretrain_path", root, download)
     width, epochs, seed = (
         int(opts.get("width", 32)),
         int(opts.get("epochs", 15)),
@@ -123,9 +136,7 @@ def load_or_train(opts: dict, root: Path) -> tuple[nn.Module, dict]:
     if weights.is_file():
         net.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
     else:
-        with np.load(path) as f:
-            x = torch.from_numpy(f["images"]).permute(0, 3, 1, 2).float().div(255.0)
-            y = torch.from_numpy(f["labels"]).long()
+        x, y = _pretrain_data(path, root)
         torch.manual_seed(seed)
         net = SmallResNet(width)
         _train(net, x.contiguous(), y, epochs, seed)

@@ -19,7 +19,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from dpsub.train import CONF_DIR, fail, job_dir
+from dpsub.train import CONF_DIR, fail, interruptible, job_dir
 
 log = logging.getLogger("dpsub")
 
@@ -164,35 +164,18 @@ def resume(args: list[str]) -> None:
     run_pate(OmegaConf.load(run_dir / "config.yaml"), run_dir, resume=True)
 
 
+@interruptible
 def cli() -> None:
     """Unknown groups, options and training keys: one line and exit 2 (as dpsub-train)."""
-    from dpsub.train import check_args
+    from dpsub.train import check_args, run_dir_arg
 
     args = sys.argv[1:]
     if any(a.startswith("resume=") for a in args):
         resume(args)
         return
-    check_args([a for a in args if not a.lstrip("+~").startswith(("pate.", "pate="))])
-    check_pate_args(args)
+    sys.argv[1:] = args = run_dir_arg(args)
+    check_args(args, config_name="dpsub_pate")
     main()
-
-
-def check_pate_args(args: list[str]) -> None:
-    """``pate=OPTION`` and ``pate.KEY=VALUE`` name things that exist (one line, exit 2)."""
-    from dpsub.errors import ConfigError
-    from dpsub.pate.options import KEYS, STUDENT_KEYS, TEACHER_KEYS
-
-    options = sorted(p.stem for p in (Path(CONF_DIR) / "pate").glob("*.yaml"))
-    sub = {"teacher": TEACHER_KEYS, "student": STUDENT_KEYS}
-    for arg in args:
-        key, _, value = arg.lstrip("+~").partition("=")
-        parts = key.split(".")
-        if key == "pate" and value not in options:
-            fail(ConfigError(f"pate: unknown option {value!r}; options: {', '.join(options)}"))
-        elif parts[0] == "pate" and len(parts) > 1:
-            known = parts[1] in KEYS and (len(parts) == 2 or parts[2] in sub.get(parts[1], ()))
-            if not known or len(parts) > 3:
-                fail(ConfigError(f"{key}: unknown key; valid: pate.{{{', '.join(sorted(KEYS))}}}"))
 
 
 if __name__ == "__main__":

@@ -94,20 +94,82 @@ def console_above_bar():
             logger.addHandler(h)
 
 
-class Progress:
-    def __init__(
-        self, total: int, initial: int, enabled: bool, split: str = "test", timing: bool = True
-    ):
-        self.total, self.split = total, split
+class _Prefixed(logging.Formatter):
+    """``base``'s format with ``prefix`` before the message (the record is left as it was)."""
+
+    def __init__(self, base: logging.Formatter | None, prefix: str):
+        super().__init__()
+        self.base, self.prefix = base or logging.Formatter(), prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.msg, record.args
+        record.msg, record.args = f"{self.prefix}{record.getMessage()}", None
+        try:
+            return self.base.format(record)
+        finally:
+            record.msg, record.args = saved
+
+
+@contextlib.contextmanager
+def job_prefix(prefix: str):
+    """Every console line (the root's and ``dpsub``'s handlers) starts its message with
+    ``prefix``: a sweep's job, whose lines interleave with the other jobs' (joblib workers)."""
+    handlers = [h for lg in (logging.getLogger(), log) for h in lg.handlers if _is_console(h)]
+    saved = [h.formatter for h in handlers]
+    for h in handlers:
+        h.setFormatter(_Prefixed(h.formatter, prefix))
+    try:
+        yield
+    finally:
+        for h, f in zip(handlers, saved, strict=True):
+            h.setFormatter(f)
+
+
+class _Bar:
+    """A tqdm bar on stderr when ``enabled`` and stderr is a terminal (console log lines
+    print above it), else none (``self.bar`` None)."""
+
+    def __init__(self, enabled: bool, **tqdm_args):
         self.bar = None
         self._redirect = contextlib.ExitStack()
         if enabled and sys.stderr.isatty():
             from tqdm.auto import tqdm
 
-            plain = "{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}"  # no rate, no times
-            fmt = None if timing else plain
-            self.bar = tqdm(total=total, initial=initial, dynamic_ncols=True, bar_format=fmt)
+            self.bar = tqdm(dynamic_ncols=True, **tqdm_args)
             self._redirect.enter_context(console_above_bar())
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self._redirect.close()
+
+
+class Counter(_Bar):
+    """Progress of a long job that is not training (a feature extraction): a bar, or
+    without one (``train.progress=false``, or stderr not a terminal) a plain line at every
+    tenth of ``total``, so that minutes of work are never silent."""
+
+    def __init__(self, total: int, what: str, enabled: bool, unit: str = "examples"):
+        super().__init__(enabled, total=total, desc=what, unit=f" {unit}")
+        self.total, self.what, self.unit, self.done = total, what, unit, 0
+
+    def advance(self, n: int) -> None:
+        before, self.done = self.done, self.done + n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif 10 * self.done // self.total > 10 * before // self.total and self.done < self.total:
+            log.info("%s: %d/%d %s", self.what, self.done, self.total, self.unit)
+
+
+class Progress(_Bar):
+    def __init__(
+        self, total: int, initial: int, enabled: bool, split: str = "test", timing: bool = True
+    ):
+        self.total, self.split = total, split
+        plain = "{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}"  # no rate, no times
+        super().__init__(
+            enabled, total=total, initial=initial, bar_format=None if timing else plain
+        )
 
     def log(self, step: int, metrics: dict, acc: float | None) -> None:
         log.info(
@@ -126,8 +188,3 @@ class Progress:
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix(eps=f"{eps:.3f}", acc=_pct(acc), refresh=False)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        self._redirect.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -34,6 +35,7 @@ from dpsub.privacy.account import PrivacyAccount
 from dpsub.privacy.sampling import sample_rate, seeded_uniform
 from dpsub.training.distributed import SINGLE, BroadcastNoise, Dist, broadcast_uniform, device_for
 from dpsub.training.optim import build_optimizer, build_schedule
+from dpsub.training.progress import Counter
 
 
 def _of_account(name: str, settable: bool = False) -> property:
@@ -121,7 +123,9 @@ def load_data(cfg: Settings | DictConfig) -> DatasetBundle:
     key = repr((d, opts, raw.data.root, seed))
     if key not in _FEATURES_MEMO:
         _FEATURES_MEMO.clear()
-        _FEATURES_MEMO[key] = featurize(_load_images(cfg), opts, raw.data.root)
+        counter = partial(Counter, enabled=bool(raw.get("train", {}).get("progress", True)))
+        download = bool(raw.data.get("download", False))
+        _FEATURES_MEMO[key] = featurize(_load_images(cfg), opts, raw.data.root, download, counter)
     return _FEATURES_MEMO[key]
 
 
@@ -186,7 +190,10 @@ def _account(s: Settings, mechanism: Mechanism, n: int, steps: int, uniform, dev
 
 
 def build_run(
-    cfg: Settings | DictConfig, data: DatasetBundle | None = None, dist: Dist = SINGLE
+    cfg: Settings | DictConfig,
+    data: DatasetBundle | None = None,
+    dist: Dist = SINGLE,
+    say: Callable[[str], None] = lambda _: None,
 ) -> Run:
     """Compose data, model, engine, mechanism, privacy plan, ledger and optimizer.
 
@@ -194,17 +201,18 @@ def build_run(
     dataset, already loaded. Raises ConfigError / DataError before anything is written
     anywhere. With ``dist`` (several ranks), rank 0 draws the sampling and noise randomness
     and every rank receives it; sensitive sums are all-reduced before noise
-    (training/distributed.py).
+    (training/distributed.py). ``say``: told what takes time (the trainer logs it).
     """
     s = validate(cfg, usable=False)  # the trainer and the CLI checked usable=True
     device = pick_device(device_for(s.device, dist))
     torch.manual_seed(s.seed)
+    say(f"setup: loading {s.dataset.name}")
     aux, data = private_data(s, data)
     n_train = int(data.train_y.shape[0])
     check_against_data(s, n_train)
     data = data.to(device)
     aux = aux.to(device) if aux is not None else None
-
+    say(f"setup: building {s.model_name}, {s.mechanism_name} and the optimizer")
     try:
         model = build_model(s.model_name, data.in_shape, data.num_classes, **s.model)
     except (TypeError, ValueError) as e:
@@ -224,11 +232,25 @@ def build_run(
         raise ConfigError(str(e)) from None
 
     _, total_steps = plan_steps(s, n_train)
-
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, s.optim)
     schedule = build_schedule(optimizer, s.optim.schedule, total_steps)
 
+    gens, source, uniform = _randomness(s, device, dist)
+    if mechanism.private:
+        say(f"setup: the privacy account, epsilon {s.privacy.epsilon} over {total_steps} steps")
+    account = _account(s, mechanism, n_train, total_steps, uniform, device)
+    privatizer = Privatizer(source, reduce=dist.all_reduce if dist.active else None)
+    return Run(
+        cfg=s.cfg, settings=s, device=device, data=data, aux=aux, model=model, engine=engine,
+        mechanism=mechanism, account=account, total_steps=total_steps, optimizer=optimizer,
+        schedule=schedule, privatizer=privatizer, rng=gens["public"], generators=gens, dist=dist,
+    )  # fmt: skip
+
+
+def _randomness(s: Settings, device, dist: Dist):
+    """``(generators to checkpoint, noise source, uniform draws for sampling)``: seeded, or
+    secret (``privacy.rng=secure``: never saved); under torchrun drawn by rank 0 only."""
     gens = {
         "sampler": torch.Generator(device=device).manual_seed(s.seed + 1),
         "noise": torch.Generator(device=device).manual_seed(s.seed + 2),
@@ -247,13 +269,7 @@ def build_run(
             BroadcastNoise(source, dist),
             broadcast_uniform(uniform, dist, device, draws),
         )
-    account = _account(s, mechanism, n_train, total_steps, uniform, device)
-    privatizer = Privatizer(source, reduce=dist.all_reduce if dist.active else None)
-    return Run(
-        cfg=s.cfg, settings=s, device=device, data=data, aux=aux, model=model, engine=engine,
-        mechanism=mechanism, account=account, total_steps=total_steps, optimizer=optimizer,
-        schedule=schedule, privatizer=privatizer, rng=gens["public"], generators=gens, dist=dist,
-    )  # fmt: skip
+    return gens, source, uniform
 
 
 # ---------------------------------------------------------------------- step

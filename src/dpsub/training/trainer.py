@@ -337,7 +337,7 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
     run_dir = Path(dist.broadcast_object(str(run_dir)))  # rank 0's (its clock names it)
     if not dist.main:
         log.setLevel(logging.WARNING)
-    run = build_run(settings, dist=dist)
+    run = build_run(settings, dist=dist, say=log.info)
     unlock = detach_log = lambda: None  # noqa: E731
     fresh = False  # this process made the run dir (only then may a refusal remove it)
     if dist.main and (run_dir.is_dir() or not resume):  # one process per run dir, held
@@ -357,10 +357,10 @@ def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResu
         for line in notes:  # after attaching: train.log marks where a resumed run continues
             (log.warning if line.startswith("secure") else log.info)(line)
         result = _loop(run, cfg, run_dir)
-    except ConfigError:
+    except (ConfigError, KeyboardInterrupt):
         detach_log()
         unlock()
-        if fresh and run.step == 0:  # refused before its first step: leave nothing behind
+        if fresh and run.step == 0:  # refused or stopped before its first step: leave nothing
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     finally:
@@ -426,6 +426,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
     t = s.train
     stopped_by_budget = False
     acc = loss = None
+    shown = _resumed_accuracy(run_dir, run.step, run.data.eval_split) if run.step else None
     window, mech_private = Window(), {}
     progress = Progress(
         run.total_steps, run.step, t.progress and main, run.data.eval_split, timing=not run.secure
@@ -447,7 +448,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
                 if t.log_every and (step % t.log_every == 0 or last):
                     metrics = log_metrics(run, out, window, mech_private, private)
                     logger.log(metrics, step)
-                    progress.log(step, metrics, acc)
+                    progress.log(step, metrics, acc if acc is not None else shown)
                     window = Window()
                 if main and ((t.eval_every and step % t.eval_every == 0) or last):
                     acc, loss = evaluate(
@@ -456,7 +457,8 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
                     ev = {**eval_metrics(run, acc, loss), **epsilons(run, exact=True)}
                     logger.log(ev, step)
                     progress.evaluation(step, ev)
-                progress.update(step, epsilons(run, False).get("epsilon", math.inf), acc)
+                eps = epsilons(run, False).get("epsilon", math.inf)
+                progress.update(step, eps, acc if acc is not None else shown)
                 if t.checkpoint_every and step % t.checkpoint_every == 0:
                     tick()
                     checkpoint()
@@ -475,6 +477,19 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
     tick()
     final_eval = (acc, loss) if run.step == run.total_steps and acc is not None else None
     return _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval)
+
+
+def _resumed_accuracy(run_dir: Path, step: int, split: str) -> float | None:
+    """The last accuracy evaluated at or before ``step`` (a resumed run's step lines show it
+    until its next evaluation, not ``-``); None when there is none or no metrics file."""
+    from dpsub.logging import read_metrics
+
+    key = f"{split}/accuracy"
+    try:
+        evals = [m for m in read_metrics(run_dir) if key in m and m.get("step", 0) <= step]
+    except (OSError, ValueError):
+        return None
+    return evals[-1][key] if evals else None
 
 
 def membership_inference(run: Run, logger) -> dict:
