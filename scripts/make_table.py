@@ -142,9 +142,14 @@ def simulation_note(marks: dict[str, list[tuple]]) -> list[str]:
         lines.append(
             f"> - batch {b} drawing the noise of batch {b_ref} at z_ref {z_ref:.4g} (epsilon "
             f"{eps_ref:.3g}, delta {delta:g}, N {n_ref}); the runs' own epsilon, from the "
-            f"noise they drew: {min(own):.3g}-{max(own):.3g}"
+            f"noise they drew: {span(own)}"
         )
     return [*lines, ""]
+
+
+def span(values: list[float]) -> str:
+    lo, hi = f"{min(values):.3g}", f"{max(values):.3g}"
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def is_simulated(found, variant: str, cell: dict) -> bool:
@@ -618,6 +623,12 @@ def recorded(dest: Path, args) -> dict:
     return rec
 
 
+def metric_line(table, setting: str) -> list[str]:
+    """A setting that reports another summary key than its table's title says it."""
+    metric = table.metric_of(setting)
+    return [] if metric == table.metric else [f"- reported: `{metric}` (this setting's metric)"]
+
+
 def header(table, args, found, rec: dict) -> list[str]:
     setting = table.setting(args.setting)
     hours, n = train_hours(found)
@@ -639,6 +650,7 @@ def header(table, args, found, rec: dict) -> list[str]:
         f"--setting {args.setting}`",
         f"- hardware: {rec['hardware']}",
         f"- {n} runs, {hours:.2f} h of training wall-clock in total",
+        *metric_line(table, args.setting),
         "",
         STATS_NOTE if table.baseline == (BASELINE_AXIS, BASELINE) else stats_note(table),
         "",
