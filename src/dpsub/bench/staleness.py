@@ -137,13 +137,13 @@ def study(out, common: list[str], samples: tuple[int, ...], examples: int, seed:
     import json
 
     from dpsub.config import compose
-    from dpsub.runs import hardware
+    from dpsub.runs import CHECKPOINT, METRICS, SUMMARY, hardware
     from dpsub.training.run import build_run, load_run_state, run_state
 
     both = [o for o in common if not o.startswith("gep:")]
     traj = build_run(compose([*TRAJECTORY, *both]))
     gep = build_run(compose([*SUBSPACE, *both, *(o[4:] for o in common if o.startswith("gep:"))]))
-    metrics, ckpt = out / "metrics.jsonl", out / "checkpoint.pt"
+    metrics, ckpt = out / METRICS, out / CHECKPOINT
     done = [json.loads(line) for line in metrics.read_text().splitlines()] if ckpt.exists() else []
     if done:
         load_run_state(traj, torch.load(ckpt, weights_only=False))
@@ -165,5 +165,5 @@ def study(out, common: list[str], samples: tuple[int, ...], examples: int, seed:
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     summary = {**decide(records, plan.intervals), "samples": [r["step"] for r in records],
                "examples": examples, "hardware": hardware()}  # fmt: skip
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
