@@ -386,7 +386,7 @@ def verdict(table, found, variant: str, cell: dict, base: str, setting: str) -> 
         return f"{row} - {base} **not significant** ({c.diff:+.2f}, p = {c.p:.2g}{tail})"
     if paper:
         same = (paper > 0) == (c.diff > 0)
-        tail += ": as in the paper" if same else ": **the ordering reverses**"
+        tail += ": as in the paper" if same else ": **the ordering reverses in this setting**"
     side = "above" if c.diff > 0 else "below"
     return f"{row} {side} {base} ({c.diff:+.2f}, p = {c.p:.2g}{tail})"
 

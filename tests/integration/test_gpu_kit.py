@@ -222,13 +222,13 @@ def test_seeded_streams_change_device_only_from_a_clean_checkpoint():
     assert restore_rng(gens, state) is False  # same device: the exact streams
 
 
-def test_queue_runs_the_campaigns_in_order_short_ones_first(tmp_path):
+def test_queue_runs_gep_in_its_own_regime_first_then_the_short_campaigns(tmp_path):
     jobs = cells.queue(tmp_path)
     order = list(dict.fromkeys((j.table, j.setting) for j in jobs))
-    assert order == [("gep5-aux", "reduced"), ("gep6-anchors", "reduced"),
+    assert order == [("gep1-cifar10", "sim-eps2"), ("gep1-cifar10", "paper"),
+                     ("gep5-aux", "reduced"), ("gep6-anchors", "reduced"),
                      ("rgp-head-cifar10", "reduced"), ("gep-cadence", "paper"),
-                     ("gep1-cifar10", "cpu-long"),
-                     ("gep1-cifar10", "paper")]  # fmt: skip
+                     ("gep1-cifar10", "cpu-long")]  # fmt: skip
     long = [j for j in jobs if j.setting == "cpu-long"]
     assert {j.variant for j in long} == {"tune"} and len(long) == 36  # picks: after tuning
     assert {j.cell["epsilon"] for j in long} == {2, 8}

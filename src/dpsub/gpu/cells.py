@@ -2,9 +2,11 @@
 
 A campaign is a paper table in one setting (``conf/paper/<table>.yaml``), optionally tuned:
 its tuning grid first (extended at its edges as the table says), then the picks at every
-seed. The queue (:data:`CAMPAIGNS`, in :data:`DEFAULT_ORDER`): GEP Tables 5 and 6 in their
-``reduced`` setting, the RGP head study of issue 27 (``rgp-head-cifar10``, tuned), the
-cadence study (``gep-cadence``, tuned), GEP Table 1's CIFAR-10 row in its ``cpu-long`` setting (tuned), then in the paper setting.
+seed. The queue (:data:`CAMPAIGNS`, in :data:`DEFAULT_ORDER`): GEP Table 1's CIFAR-10 row
+noise-matched to its paper cell (``sim-eps2``, tuned; issue 37) and in the paper setting,
+then GEP Tables 5 and 6 in their ``reduced`` setting, the RGP head study of issue 27
+(``rgp-head-cifar10``, tuned), the cadence study (``gep-cadence``, tuned), and GEP Table 1's
+CIFAR-10 row in its ``cpu-long`` setting (tuned).
 Within a table: seed 0 of every cell first; within a seed epsilon 8, then 2, then 5; within
 an epsilon GP (DP-SGD), then GEP, then B-GEP. The queue is planned again after every cell,
 so a finished tuning grid brings its extension or its picks into the same command.
@@ -66,14 +68,17 @@ class Campaign:
     tune: bool = False
 
 
-#: name -> campaign; the GPU command's default order puts the short campaigns first
+#: name -> campaign, in the GPU command's default order: GEP in its own regime first (the
+#: noise-matched table, then the paper's exact batch 1,000, which checks the scaling rule at
+#: full length: issue 37), then the short campaigns
 CAMPAIGNS = {
+    "gep1-cifar10-sim-eps2": Campaign("gep1-cifar10", "sim-eps2", tune=True),
+    "gep1-cifar10-paper": Campaign("gep1-cifar10", "paper"),
     "gep5-aux": Campaign("gep5-aux", "reduced"),
     "gep6-anchors": Campaign("gep6-anchors", "reduced"),
     "rgp-head": Campaign("rgp-head-cifar10", "reduced", tune=True),
     "gep-cadence": Campaign("gep-cadence", "paper", tune=True),
     "gep1-cifar10-cpu-long": Campaign("gep1-cifar10", "cpu-long", tune=True),
-    "gep1-cifar10-paper": Campaign("gep1-cifar10", "paper"),
 }
 DEFAULT_ORDER = tuple(CAMPAIGNS)
 
