@@ -23,12 +23,18 @@ def main(argv=None) -> int:
     p.add_argument("--every", type=int, default=250, help="steps between samples")
     p.add_argument("--examples", type=int, default=128, help="private examples per sample")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--render", action="store_true", help="only print the table of --out")
     p.add_argument(
         "overrides",
         nargs="*",
         help="for both runs (data.root=...); gep:KEY=VALUE for the GEP run only",
     )
     a = p.parse_args(argv)
+    if a.render:
+        records = [json.loads(x) for x in (a.out / "metrics.jsonl").read_text().splitlines()]
+        summary = staleness.decide(records, (5, 20)) if records else {}
+        print("\n".join(staleness.render(records, summary)))
+        return 0
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "command.txt").write_text(" ".join(["python", *sys.argv]) + "\n")
     t0 = time.time()

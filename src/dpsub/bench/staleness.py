@@ -167,3 +167,24 @@ def study(out, common: list[str], samples: tuple[int, ...], examples: int, seed:
                "examples": examples, "hardware": hardware()}  # fmt: skip
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def render(records: list[dict], summary: dict) -> list[str]:
+    """Markdown lines: each basis's errors per sample step, then the ratios and the pick."""
+    names = [n for n in records[0] if n != "step"] if records else []
+    head = "| step | " + " | ".join(f"{n}: mean error / median residual / > S2" for n in names)
+    lines = [head + " |", "|---:|" + "---|" * len(names)]
+    for r in records:
+        cells = [f"{r[n]['mean_error']:.4f} / {r[n]['median_residual']:.4f} / "
+                 f"{r[n]['residual_clipped']:.2f}" for n in names]  # fmt: skip
+        lines.append(f"| {r['step']} | " + " | ".join(cells) + " |")
+    lines += ["", "| refit interval | mean error ratio: mean (max) | median residual ratio: mean (max) |",
+              "|---|---:|---:|"]  # fmt: skip
+    for name, ratios in summary.get("ratios", {}).items():
+        m, r = ratios["mean_error"], ratios["median_residual"]
+        lines.append(
+            f"| {name} | {m['mean']:.3f} ({m['max']:.3f}) | {r['mean']:.3f} ({r['max']:.3f}) |"
+        )
+    lines += ["", f"Decision (tolerance {summary.get('tolerance')}): refit every "
+              f"**{summary.get('refit_every')}** step(s)."]  # fmt: skip
+    return lines
