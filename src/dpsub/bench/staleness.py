@@ -132,7 +132,9 @@ SUBSPACE = (
 
 def study(out, common: list[str], samples: tuple[int, ...], examples: int, seed: int, log):
     """Run (or continue) the study into ``out``: metrics.jsonl gets one record per sample
-    step, checkpoint.pt the trajectory at the last one (so a killed study continues).
+    step, checkpoint.pt the trajectory at the last one. A killed study continues after its
+    last record: from the checkpoint, or (none: a fresh clone) by replaying the seeded
+    trajectory without its fits.
     ``common``: overrides of both runs; those written ``gep:KEY=VALUE``, of the GEP run's."""
     import json
 
@@ -144,10 +146,15 @@ def study(out, common: list[str], samples: tuple[int, ...], examples: int, seed:
     traj = build_run(compose([*TRAJECTORY, *both]))
     gep = build_run(compose([*SUBSPACE, *both, *(o[4:] for o in common if o.startswith("gep:"))]))
     metrics, ckpt = out / METRICS, out / CHECKPOINT
-    done = [json.loads(line) for line in metrics.read_text().splitlines()] if ckpt.exists() else []
+    done = (
+        [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    )
+    state = torch.load(ckpt, weights_only=False) if ckpt.exists() and done else None
+    if state is not None and int(state["step"]) == done[-1]["step"]:
+        load_run_state(traj, state)  # else the seeded trajectory is replayed (no fits)
     if done:
-        load_run_state(traj, torch.load(ckpt, weights_only=False))
-        log(f"continuing after step {done[-1]['step']} ({len(done)} samples done)")
+        log(f"continuing after step {done[-1]['step']} ({len(done)} samples done) "
+            f"from step {traj.step}")  # fmt: skip
     else:
         metrics.write_text("")
     todo = tuple(s for s in samples if not done or s > done[-1]["step"])
