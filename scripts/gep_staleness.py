@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from dpsub.bench import staleness
+from dpsub.runs import METRICS
 
 
 def main(argv=None) -> int:
@@ -31,7 +32,7 @@ def main(argv=None) -> int:
     )
     a = p.parse_args(argv)
     if a.render:
-        records = [json.loads(x) for x in (a.out / "metrics.jsonl").read_text().splitlines()]
+        records = [json.loads(x) for x in (a.out / METRICS).read_text().splitlines()]
         summary = staleness.decide(records, (5, 20)) if records else {}
         print("\n".join(staleness.render(records, summary)))
         return 0

@@ -41,14 +41,14 @@ MUTANTS = (
         "    ok = torch.isfinite(norms)\n    if bool(ok.all()):",
         "    ok = torch.stack([finite_rows(_rows(t)) for t in parts]).all(0)\n"
         "    if bool(ok.all()):",
-        ("tests/integration/test_hostile_inputs.py", "-k", "overflows or 1e38"),
+        ("tests/integration/test_hostile_inputs.py", "-k", "overflows or times_1e38"),
     ),
     Mutant(
         "dropped-row-not-zeroed",
         "src/dpsub/grads/clip.py",
         "t, torch.zeros_like(t)) for t in parts]",
         "t, t) for t in parts]",
-        ("tests/integration/test_hostile_inputs.py", "-k", "linear-vmap"),
+        ("tests/integration/test_hostile_inputs.py", "-k", "moves_each_release"),
     ),
     Mutant(
         "residual-sum-keeps-a-non-finite-row",

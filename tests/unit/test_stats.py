@@ -96,6 +96,10 @@ def test_make_table_verdict_says_reverses_agrees_and_not_significant(monkeypatch
             return [{"mechanism": m, "epsilon": 8} for m in paper]
 
         @staticmethod
+        def axes_of(setting):
+            return {"mechanism": list(paper), "epsilon": [8]}
+
+        @staticmethod
         def paper_cell(cell):
             return {"value": paper[cell["mechanism"]]}
 
@@ -112,7 +116,10 @@ def test_make_table_verdict_says_reverses_agrees_and_not_significant(monkeypatch
     head, _, line, _ = make_table.verdict_lines(T, found, "paper")
     assert "Welch" in head and line.startswith("- epsilon=8, tuned: ")
     gep, bgep = line.split("; mechanism=")[:2]
-    assert "mechanism=gep below GP (" in gep and "paper +10.0: **the ordering reverses in this setting**" in gep
+    assert (
+        "mechanism=gep below GP (" in gep
+        and "paper +10.0: **the ordering reverses in this setting**" in gep
+    )
     assert bgep.startswith("bgep above GP (") and "paper +5.0: as in the paper" in bgep
     assert "rgp" not in line  # one seed: no test
     vals["bgep"] = seeds(90, n=3, seed=10)
