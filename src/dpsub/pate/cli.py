@@ -60,10 +60,20 @@ def run_pate(cfg: DictConfig, run_dir: Path, resume: bool = False) -> dict:
 def _execute(cfg, pate, pools, device, run_dir: Path, resume: bool) -> dict:
     import torch
 
-    from dpsub.pate.run import DD_NOTE, answer_queries, load_or_compute_votes
+    from dpsub.errors import ConfigError
+    from dpsub.pate.run import (
+        DD_NOTE,
+        answer_queries,
+        claim_run_dir,
+        load_or_compute_votes,
+        run_config,
+    )
     from dpsub.training.progress import attach_run_log
 
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        unlock = claim_run_dir(run_config(cfg, pate), run_dir, resume)
+    except ConfigError as e:
+        fail(e)
     if not resume:
         OmegaConf.save(OmegaConf.merge(cfg, {"pate": pate}), run_dir / "config.yaml")
     detach = attach_run_log(run_dir / "train.log")
@@ -89,6 +99,7 @@ def _execute(cfg, pate, pools, device, run_dir: Path, resume: bool) -> dict:
         )  # fmt: skip
     finally:
         detach()
+        unlock()
     return summary
 
 
@@ -96,7 +107,9 @@ def _student(cfg, pate, pools, device, out) -> dict:
     import torch
 
     from dpsub.models import build_model
+    from dpsub.pate.run import partition_kind
     from dpsub.pate.student import StudentOptions, train_student
+    from dpsub.pate.votes import NEIGHBOURS
     from dpsub.training.trainer import evaluate
 
     ledger = out["ledger"]
@@ -126,6 +139,7 @@ def _student(cfg, pate, pools, device, out) -> dict:
         "accountant": "rdp (data-independent, PATE aggregator)",
         "aggregator": pate.aggregator,
         "teachers": pate.teachers,
+        "neighbours": NEIGHBOURS[partition_kind(pate)],  # what epsilon's "one example" means
         "queries": ledger.queries,
         "answered": ledger.answered,
         "answered_label_accuracy": correct,  # against the public pool's own labels
@@ -180,17 +194,16 @@ def cli() -> None:
 def check_pate_args(args: list[str]) -> None:
     """``pate=OPTION`` and ``pate.KEY=VALUE`` name things that exist (one line, exit 2)."""
     from dpsub.errors import ConfigError
-    from dpsub.pate.options import KEYS, STUDENT_KEYS, TEACHER_KEYS
+    from dpsub.pate.options import GROUPS, KEYS
 
     options = sorted(p.stem for p in (Path(CONF_DIR) / "pate").glob("*.yaml"))
-    sub = {"teacher": TEACHER_KEYS, "student": STUDENT_KEYS}
     for arg in args:
         key, _, value = arg.lstrip("+~").partition("=")
         parts = key.split(".")
         if key == "pate" and value not in options:
             fail(ConfigError(f"pate: unknown option {value!r}; options: {', '.join(options)}"))
         elif parts[0] == "pate" and len(parts) > 1:
-            known = parts[1] in KEYS and (len(parts) == 2 or parts[2] in sub.get(parts[1], ()))
+            known = parts[1] in KEYS and (len(parts) == 2 or parts[2] in GROUPS.get(parts[1], ()))
             if not known or len(parts) > 3:
                 fail(ConfigError(f"{key}: unknown key; valid: pate.{{{', '.join(sorted(KEYS))}}}"))
 

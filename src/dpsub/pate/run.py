@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from dpsub.errors import ConfigError
 from dpsub.pate.accounting import PateLedger
 from dpsub.pate.aggregators import build_aggregator
-from dpsub.pate.votes import histograms, partition
+from dpsub.pate.votes import hash_partition, histograms, partition
 
 log = logging.getLogger("dpsub")
 STATE = "pate_state.json"
@@ -50,6 +50,52 @@ def split(cfg: DictConfig) -> tuple[DictConfig, DictConfig]:
     return cfg, pate
 
 
+def claim_run_dir(config: dict, run_dir: Path, resume: bool):
+    """One run per directory, one process per run: returns the function that frees the dir.
+
+    The run dir's lock is dpsub-train's (:func:`dpsub.training.checkpoint.lock_run_dir`:
+    another live process holding it is refused). Without ``resume``, a dir that already
+    holds a run (``config.yaml`` or ``pate_state.json``) is refused rather than continued
+    under new settings; a resume whose settings differ from the saved ones (``config.yaml``,
+    and the config recorded in ``pate_state.json``) is refused as dpsub-train refuses it.
+    ResumeError (one line, exit 2); a dir this call made is removed again on refusal."""
+    import shutil
+
+    from dpsub.errors import ResumeError
+    from dpsub.training.checkpoint import check_resume, lock_run_dir
+
+    fresh = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    unlock = lambda: None  # noqa: E731
+    try:
+        unlock = lock_run_dir(run_dir, "resume" if resume else "out_dir")
+        saved = run_dir / "config.yaml"
+        if not resume and (saved.is_file() or (run_dir / STATE).is_file()):
+            raise ResumeError(
+                f"out_dir: {run_dir} already holds a dpsub-pate run; continue it with "
+                f"`dpsub-pate resume={run_dir}` or choose another out_dir"
+            )
+        if resume and not saved.is_file():
+            raise ResumeError(f"resume: {run_dir} has no config.yaml; nothing to resume")
+        if resume:
+            check_resume(OmegaConf.to_container(OmegaConf.load(saved)), config, None, "")
+            if (run_dir / STATE).is_file():
+                recorded = json.loads((run_dir / STATE).read_text()).get("config")
+                if recorded is not None:  # (states saved before the config was recorded)
+                    check_resume(recorded, config, None, "")
+    except ConfigError:
+        unlock()
+        if fresh:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    return unlock
+
+
+def run_config(cfg, pate) -> dict:
+    """The run's resolved config as saved in ``config.yaml`` (the pate group put back)."""
+    return OmegaConf.to_container(OmegaConf.merge(cfg, {"pate": pate}), resolve=True)
+
+
 def _save_state(run_dir: Path, state: dict) -> None:
     tmp = run_dir / (STATE + ".tmp")
     with open(tmp, "w") as f:
@@ -70,13 +116,35 @@ def compute_votes(cfg, pate, pools, device, save_dir: Path | None = None) -> np.
         return build_model(name, pools.in_shape, pools.num_classes, **mcfg)
 
     seed = teacher_seed(cfg, pate)
-    teacher_of = partition(len(pools.train_y), pate.teachers, seed)
+    teacher_of = teacher_partition(pate, pools.train_x, pools.train_y, seed)
     opts = TeacherOptions(**OmegaConf.to_container(pate.teacher))
     x, y = pools.train_x.to(device), pools.train_y.to(device)
     return teacher_votes(
         make_model, x, y, teacher_of, pate.teachers, pools.public_x.to(device), seed, opts,
         cfg.train.eval_batch_size, log, save_dir,
     )  # fmt: skip
+
+
+def partition_kind(pate) -> str:
+    """``pate.partition``; a config saved before the key existed ran the permutation."""
+    return pate.get("partition") or "permutation"
+
+
+def teacher_partition(pate, x, y, seed: int) -> np.ndarray:
+    """Each training example's teacher (:mod:`dpsub.pate.votes`); ConfigError when a teacher
+    of the hash partition got no example (too many teachers for the data)."""
+    if partition_kind(pate) == "permutation":
+        return partition(len(y), pate.teachers, seed)
+    teacher_of = hash_partition(x.cpu().numpy(), y.cpu().numpy(), pate.teachers, seed)
+    sizes = np.bincount(teacher_of, minlength=pate.teachers)
+    if sizes.min() == 0:
+        raise ConfigError(
+            f"pate.teachers: teacher {int(sizes.argmin())} of {pate.teachers} got no example "
+            f"of the {len(y)} (hash partition): use fewer teachers"
+        )
+    log.info("pate: hash partition, teachers' sizes %d to %d (mean %.1f)", sizes.min(),
+             sizes.max(), sizes.mean())  # fmt: skip
+    return teacher_of
 
 
 def teacher_seed(cfg, pate) -> int:
@@ -108,6 +176,8 @@ def votes_key(cfg, pate) -> str:
         "teachers": pate.teachers,
         "teacher": pate.teacher, "public_size": pate.public_size,
     }  # fmt: skip
+    if partition_kind(pate) != "permutation":  # (the key of runs made before it is unchanged)
+        keys["partition"] = partition_kind(pate)
     text = json.dumps(OmegaConf.to_container(OmegaConf.create(keys)), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -138,7 +208,8 @@ def load_or_compute_votes(cfg, pate, pools, device, run_dir: Path) -> np.ndarray
 
 
 def answer_queries(cfg, pate, votes: np.ndarray, num_classes: int, run_dir: Path, logger) -> dict:
-    """The budgeted aggregation loop, resumable from ``pate_state.json``."""
+    """The budgeted aggregation loop, resumable from ``pate_state.json`` (which records the
+    run's config: a resume under other settings is refused, :func:`claim_run_dir`)."""
     agg = build_aggregator(pate)
     hist = histograms(votes, num_classes)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xA66]))
@@ -152,7 +223,8 @@ def answer_queries(cfg, pate, votes: np.ndarray, num_classes: int, run_dir: Path
     last = min(len(hist), pate.max_queries or len(hist))
 
     def save(done: bool) -> None:
-        state.update(done=done, ledger=ledger.state_dict(), rng=rng.bit_generator.state)
+        state.update(done=done, ledger=ledger.state_dict(), rng=rng.bit_generator.state,
+                     config=run_config(cfg, pate))  # fmt: skip
         _save_state(run_dir, state)
         logger.log({"queries": ledger.queries, "answered": ledger.answered,
                     "epsilon": ledger.epsilon()}, ledger.queries)  # fmt: skip
