@@ -249,3 +249,53 @@ def test_a_resume_with_other_settings_is_refused(tmp_path, capsys):
     err = _refused(capsys, OmegaConf.load(run / "config.yaml"), run, resume=True)
     assert "privacy.epsilon" in err
     assert not (run / "train.log").exists()
+
+
+def _agreeing_votes(cfg, pate, pools, device, save_dir=None):
+    """Teachers that mostly agree with the pool's own labels (no training: fast)."""
+    rng = np.random.default_rng(0)
+    truth = pools.public_y.numpy()
+    wrong = rng.random((pate.teachers, len(truth))) < 0.1
+    return np.where(wrong, rng.integers(0, 10, wrong.shape), truth).astype(np.int16)
+
+
+@pytest.mark.parametrize("aggregator", ["gnmax", "confident"])
+def test_smooth_sensitivity_release_is_charged_recorded_and_covered(tmp_path, monkeypatch,
+                                                                    aggregator):  # fmt: skip
+    """pate.release=smooth_sensitivity: the released data-dependent epsilon, its cost (in
+    the released value and, reserved from the start, in the run's epsilon), the state and
+    the log; the run stays covered (nothing unnoised is reported); a resume after the
+    release draws nothing new."""
+    from dpsub.pate.accounting import ORDERS, PateLedger
+    from dpsub.pate.smooth import gnss_rdp
+    from dpsub.privacy.accountant import rdp_to_epsilon
+
+    monkeypatch.setattr(pate_run, "compute_votes", _agreeing_votes)
+    extra = [
+        "pate.teachers=50",
+        "pate.sigma2=10.0",
+        "privacy.epsilon=8",
+        "pate.smooth_sensitivity.order=10",
+    ]
+    if aggregator == "confident":
+        extra += ["pate.aggregator=confident", "pate.sigma1=10.0", "pate.threshold=40"]
+    run = tmp_path / "ss"
+    summary = run_pate(_cfg("pate.release=smooth_sensitivity", *extra), run)
+    assert summary["covered_by_epsilon"] is True and "epsilon_data_dependent" not in summary
+    rel, reserve = summary["release"], gnss_rdp(0.02, 8.0, ORDERS)
+    assert rel["rdp_cost"] == pytest.approx(gnss_rdp(0.02, 8.0, [10.0])[0])
+    assert summary["epsilon_data_dependent_released"] == rel["epsilon"]
+    assert rel["epsilon"] == pytest.approx(
+        rdp_to_epsilon(np.array([rel["rdp_released"] + rel["rdp_cost"]]), 1e-5, [10.0])
+    )
+    state = json.loads((run / pate_run.STATE).read_text())
+    ledger = PateLedger.from_state_dict(state["ledger"])
+    assert np.array_equal(ledger.rdp_reserved, reserve) and state["release"] == rel
+    assert summary["epsilon"] == pytest.approx(rdp_to_epsilon(ledger.rdp + reserve, 1e-5, ORDERS))
+    assert summary["epsilon"] > rdp_to_epsilon(ledger.rdp, 1e-5, ORDERS) + 0.01
+    assert summary["epsilon"] <= 8.0 + 1e-9
+    assert "released data-dependent epsilon" in (run / "train.log").read_text()
+    monkeypatch.setattr(
+        pate_run, "release_data_dependent", lambda *a: pytest.fail("released twice")
+    )
+    assert run_pate(OmegaConf.load(run / "config.yaml"), run, True)["release"] == rel

@@ -308,3 +308,30 @@ def test_data_dependent_epsilon_is_reported_apart_and_smaller_when_votes_agree()
     for _ in range(200):
         close.record(agg.worst_case(), np.array([126.0, 124.0]), True)
     assert close.epsilon_data_dependent() == pytest.approx(close.epsilon())
+
+
+def test_a_reserved_release_is_in_every_epsilon_and_the_budget():
+    """The smooth-sensitivity release's cost (reserved from the start) is charged in the
+    data-independent epsilon, the data-dependent one, and the budget filter."""
+    from dpsub.pate.smooth import gnss_rdp
+
+    agg, reserve = GNMax(40.0), gnss_rdp(0.02, 8.0, ORDERS)
+    plain = PateLedger(delta=1e-5, budget=2.0)
+    held = PateLedger(delta=1e-5, budget=2.0, rdp_reserved=reserve)
+    for ledger in (plain, held):
+        while ledger.can_ask(agg.worst_case()):
+            ledger.record(agg.worst_case(), np.array([240.0, 5, 5]), True)
+    assert held.queries < plain.queries  # the release's share of the budget
+    assert held.epsilon() <= 2.0 + 1e-9
+    assert held.epsilon() == pytest.approx(epsilon_of(held.rdp + reserve))
+    assert held.epsilon_data_dependent() == pytest.approx(
+        epsilon_of(held.rdp_data_dependent + reserve)
+    )
+    again = PateLedger.from_state_dict(held.state_dict())
+    assert np.array_equal(again.rdp_reserved, held.rdp_reserved)
+
+
+def epsilon_of(rdp):
+    from dpsub.privacy.accountant import rdp_to_epsilon
+
+    return rdp_to_epsilon(rdp, 1e-5, ORDERS)

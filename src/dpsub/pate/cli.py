@@ -50,6 +50,9 @@ def run_pate(cfg: DictConfig, run_dir: Path, resume: bool = False) -> dict:
 
         evaluate_held_out = bool(cfg.dataset.get("validation_size"))
         pools = make_pools(data, pate.public_size, held_out(cfg, pate), evaluate_held_out, cfg.seed)
+        from dpsub.pate.run import check_release
+
+        check_release(pate, pools.num_classes)
     except Exception as e:  # noqa: BLE001 -- dpsub's own errors become one line
         if exit_code(e) is None:
             raise
@@ -89,6 +92,9 @@ def _execute(cfg, pate, pools, device, run_dir: Path, resume: bool) -> dict:
         if pate.get("data_dependent", False):  # unnoised private statistic: not covered
             summary.update(epsilon_data_dependent_note=DD_NOTE)
             dd = f"data-dependent epsilon {summary['epsilon_data_dependent']:.4f} (NOT a guarantee) | "
+        if "release" in summary:
+            dd += (f"released data-dependent epsilon {summary['epsilon_data_dependent_released']:.4f}"
+                   f" (smooth sensitivity at order {summary['release']['order']:g}) | ")  # fmt: skip
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info(
             "final: %s accuracy %.2f%% | epsilon %.4f (delta=%s, data-independent RDP) | "
@@ -112,7 +118,7 @@ def _student(cfg, pate, pools, device, out) -> dict:
     from dpsub.pate.votes import NEIGHBOURS
     from dpsub.training.trainer import evaluate
 
-    ledger = out["ledger"]
+    ledger, release = out["ledger"], out.get("release")
     labels = torch.as_tensor(out["labels"], dtype=torch.long).reshape(-1, 2)
     if len(labels) == 0:
         from dpsub.errors import ConfigError
@@ -152,6 +158,9 @@ def _student(cfg, pate, pools, device, out) -> dict:
     }
     if dd:
         out["epsilon_data_dependent"] = ledger.epsilon_data_dependent()
+    if release is not None:  # noisy (smooth sensitivity), its cost in both epsilons: covered
+        out["epsilon_data_dependent_released"] = release["epsilon"]
+        out["release"] = release
     from dpsub.runs import not_covered_statistics
 
     out["not_covered_statistics"] = not_covered_statistics(out)

@@ -74,6 +74,7 @@ def _check_groups(p) -> None:
 def _check_release(p) -> None:
     """``pate.release``: null, or smooth_sensitivity with a usable order, beta and sigma."""
     from dpsub.pate.accounting import ORDERS
+    from dpsub.pate.smooth import max_order
 
     release = p.get("release")
     if release is None:
@@ -91,8 +92,8 @@ def _check_release(p) -> None:
             f"pate.smooth_sensitivity.order: must be one of the ledger's orders > 1 "
             f"(1.1 to 10.9 by 0.1, 12 to 63, 80, 100, 128, 200, 256, 512), got {order}"
         )
-    if not order < 1 / (2 * beta):
+    if not order < max_order(beta):
         raise ConfigError(
-            f"pate.smooth_sensitivity.beta: the release needs order < 1 / (2 beta), got "
-            f"order {order} and beta {beta}"
+            f"pate.smooth_sensitivity.beta: the release needs order < 1 / (1 - e^(-2 beta)) "
+            f"(about 1 / (2 beta)), got order {order} and beta {beta}"
         )

@@ -23,16 +23,18 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from dpsub.errors import ConfigError
-from dpsub.pate.accounting import PateLedger
+from dpsub.pate.accounting import ORDERS, PateLedger
 from dpsub.pate.aggregators import build_aggregator
+from dpsub.pate.smooth import gnss_rdp
 from dpsub.pate.votes import hash_partition, histograms, partition
 
 log = logging.getLogger("dpsub")
 STATE = "pate_state.json"
 VOTES = Path("private") / "votes.npy"
 DD_NOTE = (
-    "NOT a guarantee: computed from the private votes and released without smooth "
-    "sensitivity (Papernot et al. 2018); the run's epsilon is the data-independent one"
+    "NOT a guarantee: computed from the private votes and reported without noise; the run's "
+    "epsilon is the data-independent one (pate.release=smooth_sensitivity releases it with "
+    "noise instead, Papernot et al. 2018)"
 )
 
 
@@ -214,7 +216,7 @@ def answer_queries(cfg, pate, votes: np.ndarray, num_classes: int, run_dir: Path
     hist = histograms(votes, num_classes)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xA66]))
     state = {"next": 0, "labels": [], "done": False, "stopped_by_budget": False}
-    ledger = PateLedger(delta=cfg.privacy.delta, budget=cfg.privacy.epsilon)
+    ledger = PateLedger(cfg.privacy.delta, cfg.privacy.epsilon, rdp_reserved=reserved(pate))
     if (run_dir / STATE).is_file():
         state = json.loads((run_dir / STATE).read_text())
         ledger = PateLedger.from_state_dict(state["ledger"])
@@ -242,5 +244,49 @@ def answer_queries(cfg, pate, votes: np.ndarray, num_classes: int, run_dir: Path
         if state["next"] % pate.checkpoint_every == 0:
             save(done=False)
     if not state["done"]:
+        if pate.get("release"):  # after the last query, before the state says done
+            state["release"] = release_data_dependent(cfg, pate, hist, state, ledger)
         save(done=True)
     return {**state, "ledger": ledger}
+
+
+def reserved(pate) -> np.ndarray:
+    """The RDP curve of the releases made after the queries (charged from the start)."""
+    if not pate.get("release"):
+        return np.zeros(len(ORDERS))
+    ss = pate.smooth_sensitivity
+    return gnss_rdp(float(ss.beta), float(ss.sigma), ORDERS)
+
+
+def check_release(pate, num_classes: int) -> None:
+    """ConfigError when the release's analysis does not hold for this run (the data-dependent
+    bound must be monotone in q at the release's order: :func:`dpsub.pate.smooth.bound_grid`)."""
+    from dpsub.pate.smooth import bound_grid
+
+    if not pate.get("release"):
+        return
+    try:
+        bound_grid(float(pate.sigma2), float(pate.smooth_sensitivity.order), num_classes,
+                   pate.teachers)  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(f"pate.smooth_sensitivity.order: {e}") from None
+
+
+def release_data_dependent(cfg, pate, hist, state, ledger) -> dict:
+    """The smooth-sensitivity release of the data-dependent cost (:mod:`dpsub.pate.smooth`),
+    with its own seeded noise (a resumed run draws the same); only public values return."""
+    from dpsub.pate.smooth import release
+
+    order = float(pate.smooth_sensitivity.order)
+    at = int(np.argmin(np.abs(ORDERS - order)))
+    answered = np.array([i for i, _ in state["labels"]], dtype=np.int64)
+    sigma2 = float(pate.sigma2)
+    # the cost is the data-independent total less up to order / sigma2^2 per answered query
+    highest = float(ledger.rdp[at])
+    lowest = highest - len(answered) * order / sigma2**2
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0x55E]))
+    out = release(
+        hist[answered], pate.teachers, float(ledger.rdp_data_dependent[at]), (lowest, highest),
+        sigma2, pate.smooth_sensitivity, cfg.privacy.delta, rng,
+    )  # fmt: skip
+    return out.as_dict()
