@@ -214,7 +214,7 @@ def test_a_dir_holding_a_run_is_refused_without_resume(tmp_path, capsys, held):
     (run / held).write_text("seed: 0\n")
     err = _refused(capsys, _cfg(), run)
     assert "out_dir" in err and f"resume={run}" in err
-    assert sorted(p.name for p in run.iterdir()) == sorted([held, ".lock"])
+    assert [p.name for p in run.iterdir()] == [held]
     assert (run / held).read_text() == "seed: 0\n"
 
 

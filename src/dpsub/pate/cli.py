@@ -179,12 +179,13 @@ def resume(args: list[str]) -> None:
     from dpsub.train import configure_logging
 
     run_dir = Path(args[0].split("=", 1)[1])
-    if len(args) != 1 or not (run_dir / "config.yaml").is_file():
-        fail(
-            ResumeError(f"resume: needs a dpsub-pate run dir on its own (config.yaml); got {args}")
-        )
+    saved = run_dir / "config.yaml"
+    if len(args) != 1 or not saved.is_file() or "pate" not in OmegaConf.load(saved):
+        fail(ResumeError(
+            f"resume: needs a dpsub-pate run dir (config.yaml with pate.*) on its own; got {args}"
+        ))  # fmt: skip
     configure_logging()
-    run_pate(OmegaConf.load(run_dir / "config.yaml"), run_dir, resume=True)
+    run_pate(OmegaConf.load(saved), run_dir, resume=True)
 
 
 def cli() -> None:

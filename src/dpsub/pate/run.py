@@ -66,17 +66,22 @@ def claim_run_dir(config: dict, run_dir: Path, resume: bool):
     from dpsub.errors import ResumeError
     from dpsub.training.checkpoint import check_resume, lock_run_dir
 
-    fresh = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    unlock = lambda: None  # noqa: E731
-    try:
-        unlock = lock_run_dir(run_dir, "resume" if resume else "out_dir")
-        saved = run_dir / "config.yaml"
+    saved = run_dir / "config.yaml"
+
+    def refuse_a_taken_dir() -> None:
         if not resume and (saved.is_file() or (run_dir / STATE).is_file()):
             raise ResumeError(
                 f"out_dir: {run_dir} already holds a dpsub-pate run; continue it with "
                 f"`dpsub-pate resume={run_dir}` or choose another out_dir"
             )
+
+    refuse_a_taken_dir()  # before the lock file is made: nothing is written into that dir
+    fresh = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    unlock = lambda: None  # noqa: E731
+    try:
+        unlock = lock_run_dir(run_dir, "resume" if resume else "out_dir")
+        refuse_a_taken_dir()  # (another process may have started one meanwhile)
         if resume and not saved.is_file():
             raise ResumeError(f"resume: {run_dir} has no config.yaml; nothing to resume")
         if resume:
