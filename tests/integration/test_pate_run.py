@@ -50,12 +50,34 @@ def test_vmapped_teachers_equal_teachers_trained_alone():
         assert not torch.equal(both[k][0], both2[k][0])
 
 
+def test_a_teachers_epochs_do_not_depend_on_its_neighbours_sizes():
+    """With the hash partition teachers' sizes differ: removing an example of one teacher
+    (which changes its number of steps) leaves a chunk-mate bit-identical, and each teacher
+    equals itself trained alone."""
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 1, 8, 8), torch.randint(0, 3, (40,))
+
+    def make():
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
+
+    opts = TeacherOptions(epochs=2, batch_size=8, lr=0.1, chunk=2)
+    big, small = torch.arange(0, 17), torch.arange(20, 32)  # 3 and 2 steps an epoch
+    _, both, _ = train_chunk(make, x, y, [big, small], 0, 7, opts)
+    _, alone, _ = train_chunk(make, x, y, [small], 1, 7, opts)
+    _, fewer, _ = train_chunk(make, x, y, [big[:-1], small], 0, 7, opts)  # 16: 2 steps
+    for k in both:
+        assert torch.allclose(both[k][1], alone[k][0], atol=1e-5)
+        assert torch.equal(both[k][1], fewer[k][1])
+        assert not torch.equal(both[k][0], fewer[k][0])
+
+
 def test_pate_end_to_end_and_resume(tmp_path, monkeypatch):
     full = run_pate(_cfg(), tmp_path / "full")
     files = {p.name for p in (tmp_path / "full").iterdir()}
     assert {"config.yaml", "summary.json", "metrics.jsonl", "train.log", "private"} <= files
     summary = json.loads((tmp_path / "full" / "summary.json").read_text())
     assert summary == full and summary["covered_by_epsilon"] is True
+    assert summary["neighbours"].startswith("add/remove")  # the hash partition (default)
     assert 0 < summary["epsilon"] <= 40.0 and summary["stopped_by_budget"]
     assert "epsilon_data_dependent" not in summary  # unnoised: only on request
     assert summary["answered"] == summary["queries"] > 0
@@ -167,3 +189,113 @@ def test_chunk_claims_share_teachers_between_processes(tmp_path):
     assert _claim(claim) and not _claim(claim)  # this (live) process holds it
     claim.write_text("999999999")  # a pid that does not exist
     assert _claim(claim) and claim.read_text() == str(__import__("os").getpid())
+
+
+def _refused(capsys, *args, **kw) -> str:
+    """run_pate(...) exits 2 with one line on stderr; returns that line."""
+    with pytest.raises(SystemExit) as exit_info:
+        run_pate(*args, **kw)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+def _saved_config(*extra) -> dict:
+    cfg, pate = pate_run.split(_cfg(*extra))
+    return pate_run.run_config(cfg, pate)
+
+
+@pytest.mark.parametrize("held", ["config.yaml", pate_run.STATE])
+def test_a_dir_holding_a_run_is_refused_without_resume(tmp_path, capsys, held):
+    """dpsub-pate out_dir=<a run's dir> neither continues the old state nor rewrites its
+    config: one line, exit 2, nothing written."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / held).write_text("seed: 0\n")
+    err = _refused(capsys, _cfg(), run)
+    assert "out_dir" in err and f"resume={run}" in err
+    assert [p.name for p in run.iterdir()] == [held]
+    assert (run / held).read_text() == "seed: 0\n"
+
+
+def test_a_run_dir_in_use_is_refused(tmp_path, capsys):
+    """The run dir's lock is dpsub-train's: a second process (run or resume) is refused."""
+    from dpsub.training.checkpoint import lock_run_dir
+
+    run, empty = tmp_path / "run", tmp_path / "empty"
+    run.mkdir()
+    empty.mkdir()
+    OmegaConf.save(OmegaConf.create(_saved_config()), run / "config.yaml")
+    releases = [lock_run_dir(d, "out_dir") for d in (run, empty)]  # another open file: flock
+    try:  # refuses it as it would another process
+        assert "in use" in _refused(capsys, _cfg(), run, resume=True)
+        assert "in use" in _refused(capsys, _cfg(), empty)
+        assert [p.name for p in empty.iterdir()] == [".lock"]
+    finally:
+        for release in releases:
+            release()
+
+
+def test_a_resume_with_other_settings_is_refused(tmp_path, capsys):
+    """As dpsub-train: settings that change what the run releases cannot change on resume,
+    whether they come with the resume or were edited into config.yaml after the state was
+    saved (the state records the run's config)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    OmegaConf.save(OmegaConf.create(_saved_config()), run / "config.yaml")
+    err = _refused(capsys, _cfg("pate.sigma2=5.0"), run, resume=True)
+    assert "pate.sigma2" in err and "resume" in err
+    (run / pate_run.STATE).write_text(json.dumps({"config": _saved_config("privacy.epsilon=9")}))
+    err = _refused(capsys, OmegaConf.load(run / "config.yaml"), run, resume=True)
+    assert "privacy.epsilon" in err
+    assert not (run / "train.log").exists()
+
+
+def _agreeing_votes(cfg, pate, pools, device, save_dir=None):
+    """Teachers that mostly agree with the pool's own labels (no training: fast)."""
+    rng = np.random.default_rng(0)
+    truth = pools.public_y.numpy()
+    wrong = rng.random((pate.teachers, len(truth))) < 0.1
+    return np.where(wrong, rng.integers(0, 10, wrong.shape), truth).astype(np.int16)
+
+
+@pytest.mark.parametrize("aggregator", ["gnmax", "confident"])
+def test_smooth_sensitivity_release_is_charged_recorded_and_covered(tmp_path, monkeypatch,
+                                                                    aggregator):  # fmt: skip
+    """pate.release=smooth_sensitivity: the released data-dependent epsilon, its cost (in
+    the released value and, reserved from the start, in the run's epsilon), the state and
+    the log; the run stays covered (nothing unnoised is reported); a resume after the
+    release draws nothing new."""
+    from dpsub.pate.accounting import ORDERS, PateLedger
+    from dpsub.pate.smooth import gnss_rdp
+    from dpsub.privacy.accountant import rdp_to_epsilon
+
+    monkeypatch.setattr(pate_run, "compute_votes", _agreeing_votes)
+    extra = [
+        "pate.teachers=50",
+        "pate.sigma2=10.0",
+        "privacy.epsilon=8",
+        "pate.smooth_sensitivity.order=10",
+    ]
+    if aggregator == "confident":
+        extra += ["pate.aggregator=confident", "pate.sigma1=10.0", "pate.threshold=40"]
+    run = tmp_path / "ss"
+    summary = run_pate(_cfg("pate.release=smooth_sensitivity", *extra), run)
+    assert summary["covered_by_epsilon"] is True and "epsilon_data_dependent" not in summary
+    rel, reserve = summary["release"], gnss_rdp(0.02, 8.0, ORDERS)
+    assert rel["rdp_cost"] == pytest.approx(gnss_rdp(0.02, 8.0, [10.0])[0])
+    assert summary["epsilon_data_dependent_released"] == rel["epsilon"]
+    assert rel["epsilon"] == pytest.approx(
+        rdp_to_epsilon(np.array([rel["rdp_released"] + rel["rdp_cost"]]), 1e-5, [10.0])
+    )
+    state = json.loads((run / pate_run.STATE).read_text())
+    ledger = PateLedger.from_state_dict(state["ledger"])
+    assert np.array_equal(ledger.rdp_reserved, reserve) and state["release"] == rel
+    assert summary["epsilon"] == pytest.approx(rdp_to_epsilon(ledger.rdp + reserve, 1e-5, ORDERS))
+    assert summary["epsilon"] > rdp_to_epsilon(ledger.rdp, 1e-5, ORDERS) + 0.01
+    assert summary["epsilon"] <= 8.0 + 1e-9
+    assert "released data-dependent epsilon" in (run / "train.log").read_text()
+    monkeypatch.setattr(
+        pate_run, "release_data_dependent", lambda *a: pytest.fail("released twice")
+    )
+    assert run_pate(OmegaConf.load(run / "config.yaml"), run, True)["release"] == rel

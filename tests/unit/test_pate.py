@@ -17,7 +17,7 @@ from dpsub.pate.accounting import (
 )
 from dpsub.pate.aggregators import ConfidentGNMax, GNMax, LNMax, build_aggregator
 from dpsub.pate.pool import public_split
-from dpsub.pate.votes import histograms, members, partition
+from dpsub.pate.votes import hash_partition, histograms, members, partition
 from dpsub.privacy.accountant import epsilon_for
 
 
@@ -90,35 +90,82 @@ def _nearest_mean_teacher(x, y, queries, k):
     return np.argmin(((queries[:, None, :] - means[None]) ** 2).sum(-1), axis=1)
 
 
-def _votes(x, y, queries, teacher_of, n_teachers, k, keep=None):
-    preds = []
-    for idx in members(teacher_of, n_teachers):
-        if keep is not None:
-            idx = idx[keep[idx]]
-        preds.append(_nearest_mean_teacher(x[idx], y[idx], queries, k))
+def test_hash_partition_deterministic_keyed_and_near_balanced():
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(5000, 4)), rng.integers(0, 10, 5000)
+    t = hash_partition(x, y, 25, seed=4)
+    assert (t == hash_partition(x, y, 25, seed=4)).all()
+    assert (t != hash_partition(x, y, 25, seed=5)).mean() > 0.9  # the key moves everyone
+    assert ((t >= 0) & (t < 25)).all()
+    sizes = np.bincount(t, minlength=25)
+    assert sizes.min() > 0 and sizes.std() < 2 * math.sqrt(200)  # multinomial around 200
+    assert (hash_partition(x, (y + 1) % 10, 25, seed=4) != t).mean() > 0.9  # the label counts
+
+
+@pytest.mark.parametrize("change", ["remove", "add"])
+def test_hash_partition_keeps_every_other_example_with_its_teacher(change):
+    """Add/remove neighbours: the partition of the neighbouring training set (built from
+    scratch, not reused) gives every other example the same teacher."""
+    rng = np.random.default_rng(8)
+    x, y = rng.normal(size=(600, 3)), rng.integers(0, 3, 600)
+    t = hash_partition(x, y, 7, seed=1)
+    for i in (0, 1, 299, 599):
+        if change == "remove":
+            x2, y2, others = np.delete(x, i, 0), np.delete(y, i), np.delete(t, i)
+        else:  # a new example inserted at position i
+            x2, y2, others = np.insert(x, i, 9.0, 0), np.insert(y, i, 2), np.insert(t, i, -1)
+        t2 = hash_partition(x2, y2, 7, seed=1)
+        assert (t2[others >= 0] == others[others >= 0]).all()
+    # the permutation partition moves most examples when one is removed (no add/remove claim)
+    moved = (np.delete(partition(600, 7, seed=1), 0) != partition(599, 7, seed=1)).mean()
+    assert moved > 0.5
+
+
+def _votes(x, y, queries, teacher_of, n_teachers, k):
+    preds = [
+        _nearest_mean_teacher(x[idx], y[idx], queries, k) for idx in members(teacher_of, n_teachers)
+    ]
     return np.stack(preds), histograms(np.stack(preds), k)
 
 
-@pytest.mark.parametrize("change", ["replace", "remove"])
-def test_one_example_changes_at_most_one_teachers_vote(change):
+def _neighbour(x, y, i, change):
+    if change == "replace":
+        x2, y2 = x.copy(), y.copy()
+        x2[i], y2[i] = [50.0, -50.0], (y[i] + 1) % 3
+        return x2, y2
+    if change == "remove":
+        return np.delete(x, i, 0), np.delete(y, i)
+    return np.insert(x, i, [50.0, -50.0], 0), np.insert(y, i, 1)
+
+
+@pytest.mark.parametrize(
+    "kind,change,teachers_moved",
+    [("hash", "remove", 1), ("hash", "add", 1), ("hash", "replace", 2),
+     ("permutation", "replace", 1)],
+)  # fmt: skip
+def test_one_example_changes_at_most_one_teachers_vote(kind, change, teachers_moved):
+    """Each partition is built from its own training set (the neighbour's is not reused);
+    at most the teachers the partition's neighbour relation allows change their votes, and
+    each changed teacher moves the histogram by at most L1 2 and its maximum by 1."""
     rng = np.random.default_rng(6)
     k, n, teachers = 3, 120, 8
     y = rng.integers(0, k, n)
     x = rng.normal(size=(n, 2)) + 3 * np.eye(3)[y][:, :2]
     queries = rng.normal(size=(200, 2)) * 3
-    teacher_of = partition(n, teachers, seed=0)
-    preds, hist = _votes(x, y, queries, teacher_of, teachers, k)
+
+    def part(x, y):
+        return (
+            hash_partition(x, y, teachers, 0) if kind == "hash" else partition(len(y), teachers, 0)
+        )
+
+    preds, hist = _votes(x, y, queries, part(x, y), teachers, k)
     for i in range(0, n, 7):
-        x2, y2, keep = x.copy(), y.copy(), np.ones(n, bool)
-        if change == "replace":
-            x2[i], y2[i] = [50.0, -50.0], (y[i] + 1) % k
-        else:
-            keep[i] = False
-        preds2, hist2 = _votes(x2, y2, queries, teacher_of, teachers, k, keep)
+        x2, y2 = _neighbour(x, y, i, change)
+        preds2, hist2 = _votes(x2, y2, queries, part(x2, y2), teachers, k)
         changed = np.flatnonzero((preds != preds2).any(axis=1))
-        assert set(changed) <= {teacher_of[i]}
-        assert np.abs(hist - hist2).sum(axis=1).max() <= 2  # L1 2, L2 sqrt 2, max moves by 1
-        assert np.abs(hist.max(1) - hist2.max(1)).max() <= 1
+        assert len(changed) <= teachers_moved
+        assert np.abs(hist - hist2).sum(axis=1).max() <= 2 * teachers_moved
+        assert np.abs(hist.max(1) - hist2.max(1)).max() <= teachers_moved
 
 
 # ------------------------------------------------------------------- pools
@@ -261,3 +308,30 @@ def test_data_dependent_epsilon_is_reported_apart_and_smaller_when_votes_agree()
     for _ in range(200):
         close.record(agg.worst_case(), np.array([126.0, 124.0]), True)
     assert close.epsilon_data_dependent() == pytest.approx(close.epsilon())
+
+
+def test_a_reserved_release_is_in_every_epsilon_and_the_budget():
+    """The smooth-sensitivity release's cost (reserved from the start) is charged in the
+    data-independent epsilon, the data-dependent one, and the budget filter."""
+    from dpsub.pate.smooth import gnss_rdp
+
+    agg, reserve = GNMax(40.0), gnss_rdp(0.02, 8.0, ORDERS)
+    plain = PateLedger(delta=1e-5, budget=2.0)
+    held = PateLedger(delta=1e-5, budget=2.0, rdp_reserved=reserve)
+    for ledger in (plain, held):
+        while ledger.can_ask(agg.worst_case()):
+            ledger.record(agg.worst_case(), np.array([240.0, 5, 5]), True)
+    assert held.queries < plain.queries  # the release's share of the budget
+    assert held.epsilon() <= 2.0 + 1e-9
+    assert held.epsilon() == pytest.approx(epsilon_of(held.rdp + reserve))
+    assert held.epsilon_data_dependent() == pytest.approx(
+        epsilon_of(held.rdp_data_dependent + reserve)
+    )
+    again = PateLedger.from_state_dict(held.state_dict())
+    assert np.array_equal(again.rdp_reserved, held.rdp_reserved)
+
+
+def epsilon_of(rdp):
+    from dpsub.privacy.accountant import rdp_to_epsilon
+
+    return rdp_to_epsilon(rdp, 1e-5, ORDERS)

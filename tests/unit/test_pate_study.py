@@ -29,7 +29,8 @@ def test_picks_use_validation_accuracy_and_final_runs_hold_out_the_same_examples
 
 
 def test_render_shows_test_accuracy_both_epsilons_and_the_paper(tmp_path):
-    _run(tmp_path / "mnist" / "tune" / "s40_eps2", validation_accuracy=0.9, answered=170)
+    _run(tmp_path / "mnist" / "tune" / "s40_eps2", validation_accuracy=0.9, answered=170,
+         answered_label_accuracy=0.95)  # fmt: skip
     for seed, acc in enumerate((0.91, 0.92, 0.93)):
         _run(tmp_path / "mnist" / "final" / f"seed{seed}_eps2", test_accuracy=acc, epsilon=1.99,
              epsilon_data_dependent=0.5, answered=170, answered_label_accuracy=0.99)  # fmt: skip
@@ -37,4 +38,29 @@ def test_render_shows_test_accuracy_both_epsilons_and_the_paper(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| 2 |"))
     assert "92.00 ± 1.00" in row and "(3)" in row and "98.5" in row
     assert "1.990" in row and "0.500" in row  # data-independent and data-dependent side by side
-    assert "**90.00** (170)" in text  # the tuning grid with its pick
+    assert "**90.00** (170, 95.0)" in text  # the tuning grid with its pick
+
+
+def test_confident_gnmax_is_tuned_on_validation_over_threshold_and_both_sigmas(tmp_path):
+    """mnist_confident: every (T, sigma1, sigma2) grid point is a valid Confident-GNMax run
+    on the validation split; the pick per epsilon is by validation accuracy alone (not by
+    the answered labels' agreement with the public pool's test labels)."""
+    from dpsub.config import compose
+    from dpsub.pate.run import split
+
+    runs = studies.pate_tune_runs("mnist_confident", tmp_path)
+    assert len(runs) == 8 * 3
+    for _, ov in runs:
+        assert "pate=confident" in ov and "dataset.validation_size=5000" in ov
+        assert {o.split("=")[0] for o in ov} >= {"pate.threshold", "pate.sigma1", "pate.sigma2"}
+    _, pate = split(compose(runs[0][1], config_name="dpsub_pate"))
+    assert pate.aggregator == "confident" and (pate.threshold, pate.sigma1) == (150, 100)
+    base = tmp_path / "mnist_confident" / "tune"
+    _run(base / "T150_s1100_s220_eps2", validation_accuracy=0.80, answered=90,
+         answered_label_accuracy=0.99)  # fmt: skip
+    _run(base / "T200_s1150_s240_eps2", validation_accuracy=0.85, answered=60,
+         answered_label_accuracy=0.90)  # fmt: skip
+    assert studies.pate_picks("mnist_confident", tmp_path) == {2: "T200_s1150_s240"}
+    text = "\n".join(studies._pate_tune_table("mnist_confident", tmp_path))
+    assert "**85.00** (60, 90.0)" in text and "80.00 (90, 99.0)" in text
+    assert "test labels" in studies.pate(tmp_path)

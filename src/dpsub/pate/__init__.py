@@ -8,6 +8,8 @@ noisy aggregator answers some queries; a student learns from the answers only.
 * :mod:`dpsub.pate.aggregators`: LNMax, GNMax, Confident-GNMax (torch-free).
 * :mod:`dpsub.pate.accounting`: data-independent RDP (the run's epsilon) and the
   data-dependent bound of the 2018 paper (reported, not a guarantee).
+* :mod:`dpsub.pate.smooth`: the 2018 paper's release of the data-dependent bound with
+  smooth sensitivity (noisy, its cost charged).
 * :mod:`dpsub.pate.teachers`, :mod:`dpsub.pate.student`, :mod:`dpsub.pate.cli`: the
   ``dpsub-pate`` entry point (docs/pate.md).
 """

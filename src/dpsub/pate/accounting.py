@@ -19,9 +19,11 @@ keeps the data-independent epsilon within the target.
 Data-dependent (NOT a guarantee). For each answered GNMax query, Proposition 7 bounds
 ``q = Pr[answer != argmax]`` from the vote gaps, and Theorem 6 turns q into an RDP bound,
 taken as the minimum with the data-independent one (the paper's rule). Being a function
-of the private votes, this number may itself leak; the 2018 paper releases it only
-through smooth sensitivity, which dpsub does not implement. It is reported separately,
-labeled ``epsilon_data_dependent`` and never used for the budget or ``covered_by_epsilon``.
+of the private votes, this number may itself leak: reported as it is
+(``epsilon_data_dependent``, on request) the run is not covered; the 2018 paper's release
+with smooth sensitivity (:mod:`dpsub.pate.smooth`, ``pate.release``) publishes it with
+noise instead, and that release's own cost is reserved in the ledger (``rdp_reserved``)
+from the start: in every epsilon and in the budget. It is never used for the budget.
 The threshold check is charged data-independently in this bound too (the paper also has
 a data-dependent bound for it; not implemented).
 """
@@ -59,10 +61,15 @@ def log_q_gnmax(counts: np.ndarray, sigma: float) -> float:
     capped at ``1 - 1/K`` (the paper's code: beyond it the bound carries no information).
     """
     counts = np.asarray(counts, dtype=np.float64)
-    top = int(np.argmax(counts))
-    gaps = np.delete(counts[top] - counts, top)
-    log_q = special.logsumexp(stats.norm.logsf(gaps, scale=math.sqrt(2.0) * sigma))
-    return float(min(log_q, math.log1p(-1.0 / len(counts))))
+    return float(min(log_q_sums(counts[None], sigma)[0], math.log1p(-1.0 / len(counts))))
+
+
+def log_q_sums(counts: np.ndarray, sigma: float) -> np.ndarray:
+    """ln of Proposition 7's sum (not capped) for every row of ``counts`` (Q, K)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    terms = stats.norm.logsf(counts.max(1, keepdims=True) - counts, scale=math.sqrt(2.0) * sigma)
+    terms[np.arange(len(counts)), counts.argmax(1)] = -np.inf  # the plurality itself
+    return special.logsumexp(terms, axis=1)
 
 
 def _log1mexp(x: float) -> float:
@@ -111,6 +118,9 @@ class PateLedger:
     answered: int = 0
     rdp: np.ndarray = field(default_factory=lambda: np.zeros(len(ORDERS)))
     rdp_data_dependent: np.ndarray = field(default_factory=lambda: np.zeros(len(ORDERS)))
+    #: releases made after the queries (the smooth-sensitivity release of the data-dependent
+    #: cost, :mod:`dpsub.pate.smooth`): charged from the start, in every epsilon and the budget
+    rdp_reserved: np.ndarray = field(default_factory=lambda: np.zeros(len(ORDERS)))
 
     def _charge(self, records) -> np.ndarray:
         return sum((record_rdp(r) for r in records), np.zeros(len(ORDERS)))
@@ -119,9 +129,8 @@ class PateLedger:
         """Would a query charged ``worst_case`` keep the data-independent epsilon in budget?"""
         if not math.isfinite(self.budget):
             return True
-        return rdp_to_epsilon(self.rdp + self._charge(worst_case), self.delta, ORDERS) <= (
-            self.budget + 1e-9
-        )
+        after = self.rdp + self.rdp_reserved + self._charge(worst_case)
+        return rdp_to_epsilon(after, self.delta, ORDERS) <= self.budget + 1e-9
 
     def record(self, records: tuple[VoteNoise, ...], counts: np.ndarray, answered: bool) -> None:
         """Charge one query; ``counts`` (private) only feed the data-dependent bound."""
@@ -138,11 +147,11 @@ class PateLedger:
             self.rdp_data_dependent = self.rdp_data_dependent + curve
 
     def epsilon(self) -> float:
-        return rdp_to_epsilon(self.rdp, self.delta, ORDERS)
+        return rdp_to_epsilon(self.rdp + self.rdp_reserved, self.delta, ORDERS)
 
     def epsilon_data_dependent(self) -> float:
         """NOT a guarantee: a function of the private votes (see the module docstring)."""
-        return rdp_to_epsilon(self.rdp_data_dependent, self.delta, ORDERS)
+        return rdp_to_epsilon(self.rdp_data_dependent + self.rdp_reserved, self.delta, ORDERS)
 
     def state_dict(self) -> dict:
         return {
@@ -152,6 +161,7 @@ class PateLedger:
             "answered": self.answered,
             "rdp": self.rdp.tolist(),
             "rdp_data_dependent": self.rdp_data_dependent.tolist(),
+            "rdp_reserved": self.rdp_reserved.tolist(),
         }
 
     @classmethod
@@ -163,4 +173,5 @@ class PateLedger:
             answered=int(state["answered"]),
             rdp=np.asarray(state["rdp"], dtype=np.float64),
             rdp_data_dependent=np.asarray(state["rdp_data_dependent"], dtype=np.float64),
+            rdp_reserved=np.asarray(state.get("rdp_reserved", np.zeros(len(ORDERS))), float),
         )

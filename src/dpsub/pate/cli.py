@@ -50,6 +50,9 @@ def run_pate(cfg: DictConfig, run_dir: Path, resume: bool = False) -> dict:
 
         evaluate_held_out = bool(cfg.dataset.get("validation_size"))
         pools = make_pools(data, pate.public_size, held_out(cfg, pate), evaluate_held_out, cfg.seed)
+        from dpsub.pate.run import check_release
+
+        check_release(pate, pools.num_classes)
     except Exception as e:  # noqa: BLE001 -- dpsub's own errors become one line
         if exit_code(e) is None:
             raise
@@ -60,10 +63,20 @@ def run_pate(cfg: DictConfig, run_dir: Path, resume: bool = False) -> dict:
 def _execute(cfg, pate, pools, device, run_dir: Path, resume: bool) -> dict:
     import torch
 
-    from dpsub.pate.run import DD_NOTE, answer_queries, load_or_compute_votes
+    from dpsub.errors import ConfigError
+    from dpsub.pate.run import (
+        DD_NOTE,
+        answer_queries,
+        claim_run_dir,
+        load_or_compute_votes,
+        run_config,
+    )
     from dpsub.training.progress import attach_run_log
 
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        unlock = claim_run_dir(run_config(cfg, pate), run_dir, resume)
+    except ConfigError as e:
+        fail(e)
     if not resume:
         OmegaConf.save(OmegaConf.merge(cfg, {"pate": pate}), run_dir / "config.yaml")
     detach = attach_run_log(run_dir / "train.log")
@@ -79,6 +92,9 @@ def _execute(cfg, pate, pools, device, run_dir: Path, resume: bool) -> dict:
         if pate.get("data_dependent", False):  # unnoised private statistic: not covered
             summary.update(epsilon_data_dependent_note=DD_NOTE)
             dd = f"data-dependent epsilon {summary['epsilon_data_dependent']:.4f} (NOT a guarantee) | "
+        if "release" in summary:
+            dd += (f"released data-dependent epsilon {summary['epsilon_data_dependent_released']:.4f}"
+                   f" (smooth sensitivity at order {summary['release']['order']:g}) | ")  # fmt: skip
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info(
             "final: %s accuracy %.2f%% | epsilon %.4f (delta=%s, data-independent RDP) | "
@@ -89,6 +105,7 @@ def _execute(cfg, pate, pools, device, run_dir: Path, resume: bool) -> dict:
         )  # fmt: skip
     finally:
         detach()
+        unlock()
     return summary
 
 
@@ -96,10 +113,12 @@ def _student(cfg, pate, pools, device, out) -> dict:
     import torch
 
     from dpsub.models import build_model
+    from dpsub.pate.run import partition_kind
     from dpsub.pate.student import StudentOptions, train_student
+    from dpsub.pate.votes import NEIGHBOURS
     from dpsub.training.trainer import evaluate
 
-    ledger = out["ledger"]
+    ledger, release = out["ledger"], out.get("release")
     labels = torch.as_tensor(out["labels"], dtype=torch.long).reshape(-1, 2)
     if len(labels) == 0:
         from dpsub.errors import ConfigError
@@ -126,6 +145,7 @@ def _student(cfg, pate, pools, device, out) -> dict:
         "accountant": "rdp (data-independent, PATE aggregator)",
         "aggregator": pate.aggregator,
         "teachers": pate.teachers,
+        "neighbours": NEIGHBOURS[partition_kind(pate)],  # what epsilon's "one example" means
         "queries": ledger.queries,
         "answered": ledger.answered,
         "answered_label_accuracy": correct,  # against the public pool's own labels
@@ -138,6 +158,9 @@ def _student(cfg, pate, pools, device, out) -> dict:
     }
     if dd:
         out["epsilon_data_dependent"] = ledger.epsilon_data_dependent()
+    if release is not None:  # noisy (smooth sensitivity), its cost in both epsilons: covered
+        out["epsilon_data_dependent_released"] = release["epsilon"]
+        out["release"] = release
     from dpsub.runs import not_covered_statistics
 
     out["not_covered_statistics"] = not_covered_statistics(out)
@@ -156,12 +179,13 @@ def resume(args: list[str]) -> None:
     from dpsub.train import configure_logging
 
     run_dir = Path(args[0].split("=", 1)[1])
-    if len(args) != 1 or not (run_dir / "config.yaml").is_file():
-        fail(
-            ResumeError(f"resume: needs a dpsub-pate run dir on its own (config.yaml); got {args}")
-        )
+    saved = run_dir / "config.yaml"
+    if len(args) != 1 or not saved.is_file() or "pate" not in OmegaConf.load(saved):
+        fail(ResumeError(
+            f"resume: needs a dpsub-pate run dir (config.yaml with pate.*) on its own; got {args}"
+        ))  # fmt: skip
     configure_logging()
-    run_pate(OmegaConf.load(run_dir / "config.yaml"), run_dir, resume=True)
+    run_pate(OmegaConf.load(saved), run_dir, resume=True)
 
 
 @interruptible

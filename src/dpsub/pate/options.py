@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from dpsub.errors import ConfigError
 from dpsub.pate.aggregators import AGGREGATORS
+from dpsub.pate.votes import PARTITIONS
 
 KEYS = {
     "aggregator", "teachers", "sigma1", "sigma2", "threshold", "laplace_scale", "public_size",
     "max_queries", "checkpoint_every", "teacher", "student", "data_dependent", "votes_cache",
-    "holdout", "teacher_seed",
+    "holdout", "teacher_seed", "partition", "release", "smooth_sensitivity",
 }  # fmt: skip
 TEACHER_KEYS = {"epochs", "batch_size", "lr", "momentum", "chunk"}
 STUDENT_KEYS = {"epochs", "batch_size", "lr", "momentum"}
+SS_KEYS = {"order", "beta", "sigma"}
+#: ``pate.<group>.<key>``: the nested groups and their keys
+GROUPS = {"teacher": TEACHER_KEYS, "student": STUDENT_KEYS, "smooth_sensitivity": SS_KEYS}
+RELEASES = ("smooth_sensitivity",)
 NEEDS = {"lnmax": ("laplace_scale",), "gnmax": ("sigma2",), "confident": ("sigma1", "sigma2")}
 
 
@@ -49,11 +54,46 @@ def check_options(p) -> None:
         raise ConfigError(f"pate.votes_cache: must be null or a directory, got {cache!r}")
     if not isinstance(p.get("data_dependent", False), bool):
         raise ConfigError(f"pate.data_dependent: must be true or false, got {p.data_dependent!r}")
-    for group, keys in (("teacher", TEACHER_KEYS), ("student", STUDENT_KEYS)):
-        for key in p[group]:
+    if p.get("partition") not in (None, *PARTITIONS):
+        raise ConfigError(f"pate.partition: must be one of {PARTITIONS}, got {p.partition!r}")
+    _check_groups(p)
+    _check_release(p)
+
+
+def _check_groups(p) -> None:
+    for group, keys in GROUPS.items():
+        for key in p.get(group) or {}:
             if key not in keys:
                 raise ConfigError(
                     f"pate.{group}.{key}: unknown key; valid keys: {', '.join(sorted(keys))}"
                 )
             if key != "momentum":
                 _positive(p[group][key], f"pate.{group}.{key}")
+
+
+def _check_release(p) -> None:
+    """``pate.release``: null, or smooth_sensitivity with a usable order, beta and sigma."""
+    from dpsub.pate.accounting import ORDERS
+    from dpsub.pate.smooth import max_order
+
+    release = p.get("release")
+    if release is None:
+        return
+    if release not in RELEASES:
+        raise ConfigError(f"pate.release: must be null or one of {RELEASES}, got {release!r}")
+    if p.aggregator == "lnmax":
+        raise ConfigError("pate.release: the data-dependent bound (and its release) is GNMax's")
+    ss = p.get("smooth_sensitivity") or {}
+    for key in sorted(SS_KEYS):
+        _positive(ss.get(key), f"pate.smooth_sensitivity.{key}")
+    order, beta = float(ss["order"]), float(ss["beta"])
+    if not any(abs(order - o) < 1e-9 for o in ORDERS) or order <= 1:
+        raise ConfigError(
+            f"pate.smooth_sensitivity.order: must be one of the ledger's orders > 1 "
+            f"(1.1 to 10.9 by 0.1, 12 to 63, 80, 100, 128, 200, 256, 512), got {order}"
+        )
+    if not order < max_order(beta):
+        raise ConfigError(
+            f"pate.smooth_sensitivity.beta: the release needs order < 1 / (1 - e^(-2 beta)) "
+            f"(about 1 / (2 beta)), got order {order} and beta {beta}"
+        )

@@ -23,16 +23,18 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from dpsub.errors import ConfigError
-from dpsub.pate.accounting import PateLedger
+from dpsub.pate.accounting import ORDERS, PateLedger
 from dpsub.pate.aggregators import build_aggregator
-from dpsub.pate.votes import histograms, partition
+from dpsub.pate.smooth import gnss_rdp
+from dpsub.pate.votes import hash_partition, histograms, partition
 
 log = logging.getLogger("dpsub")
 STATE = "pate_state.json"
 VOTES = Path("private") / "votes.npy"
 DD_NOTE = (
-    "NOT a guarantee: computed from the private votes and released without smooth "
-    "sensitivity (Papernot et al. 2018); the run's epsilon is the data-independent one"
+    "NOT a guarantee: computed from the private votes and reported without noise; the run's "
+    "epsilon is the data-independent one (pate.release=smooth_sensitivity releases it with "
+    "noise instead, Papernot et al. 2018)"
 )
 
 
@@ -48,6 +50,57 @@ def split(cfg: DictConfig) -> tuple[DictConfig, DictConfig]:
     if cfg.privacy.rng != "seeded":
         raise ConfigError("privacy.rng: dpsub-pate implements only seeded noise so far")
     return cfg, pate
+
+
+def claim_run_dir(config: dict, run_dir: Path, resume: bool):
+    """One run per directory, one process per run: returns the function that frees the dir.
+
+    The run dir's lock is dpsub-train's (:func:`dpsub.training.checkpoint.lock_run_dir`:
+    another live process holding it is refused). Without ``resume``, a dir that already
+    holds a run (``config.yaml`` or ``pate_state.json``) is refused rather than continued
+    under new settings; a resume whose settings differ from the saved ones (``config.yaml``,
+    and the config recorded in ``pate_state.json``) is refused as dpsub-train refuses it.
+    ResumeError (one line, exit 2); a dir this call made is removed again on refusal."""
+    import shutil
+
+    from dpsub.errors import ResumeError
+    from dpsub.training.checkpoint import check_resume, lock_run_dir
+
+    saved = run_dir / "config.yaml"
+
+    def refuse_a_taken_dir() -> None:
+        if not resume and (saved.is_file() or (run_dir / STATE).is_file()):
+            raise ResumeError(
+                f"out_dir: {run_dir} already holds a dpsub-pate run; continue it with "
+                f"`dpsub-pate resume={run_dir}` or choose another out_dir"
+            )
+
+    refuse_a_taken_dir()  # before the lock file is made: nothing is written into that dir
+    fresh = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    unlock = lambda: None  # noqa: E731
+    try:
+        unlock = lock_run_dir(run_dir, "resume" if resume else "out_dir")
+        refuse_a_taken_dir()  # (another process may have started one meanwhile)
+        if resume and not saved.is_file():
+            raise ResumeError(f"resume: {run_dir} has no config.yaml; nothing to resume")
+        if resume:
+            check_resume(OmegaConf.to_container(OmegaConf.load(saved)), config, None, "")
+            if (run_dir / STATE).is_file():
+                recorded = json.loads((run_dir / STATE).read_text()).get("config")
+                if recorded is not None:  # (states saved before the config was recorded)
+                    check_resume(recorded, config, None, "")
+    except ConfigError:
+        unlock()
+        if fresh:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    return unlock
+
+
+def run_config(cfg, pate) -> dict:
+    """The run's resolved config as saved in ``config.yaml`` (the pate group put back)."""
+    return OmegaConf.to_container(OmegaConf.merge(cfg, {"pate": pate}), resolve=True)
 
 
 def _save_state(run_dir: Path, state: dict) -> None:
@@ -70,13 +123,35 @@ def compute_votes(cfg, pate, pools, device, save_dir: Path | None = None) -> np.
         return build_model(name, pools.in_shape, pools.num_classes, **mcfg)
 
     seed = teacher_seed(cfg, pate)
-    teacher_of = partition(len(pools.train_y), pate.teachers, seed)
+    teacher_of = teacher_partition(pate, pools.train_x, pools.train_y, seed)
     opts = TeacherOptions(**OmegaConf.to_container(pate.teacher))
     x, y = pools.train_x.to(device), pools.train_y.to(device)
     return teacher_votes(
         make_model, x, y, teacher_of, pate.teachers, pools.public_x.to(device), seed, opts,
         cfg.train.eval_batch_size, log, save_dir,
     )  # fmt: skip
+
+
+def partition_kind(pate) -> str:
+    """``pate.partition``; a config saved before the key existed ran the permutation."""
+    return pate.get("partition") or "permutation"
+
+
+def teacher_partition(pate, x, y, seed: int) -> np.ndarray:
+    """Each training example's teacher (:mod:`dpsub.pate.votes`); ConfigError when a teacher
+    of the hash partition got no example (too many teachers for the data)."""
+    if partition_kind(pate) == "permutation":
+        return partition(len(y), pate.teachers, seed)
+    teacher_of = hash_partition(x.cpu().numpy(), y.cpu().numpy(), pate.teachers, seed)
+    sizes = np.bincount(teacher_of, minlength=pate.teachers)
+    if sizes.min() == 0:
+        raise ConfigError(
+            f"pate.teachers: teacher {int(sizes.argmin())} of {pate.teachers} got no example "
+            f"of the {len(y)} (hash partition): use fewer teachers"
+        )
+    log.info("pate: hash partition, teachers' sizes %d to %d (mean %.1f)", sizes.min(),
+             sizes.max(), sizes.mean())  # fmt: skip
+    return teacher_of
 
 
 def teacher_seed(cfg, pate) -> int:
@@ -108,6 +183,8 @@ def votes_key(cfg, pate) -> str:
         "teachers": pate.teachers,
         "teacher": pate.teacher, "public_size": pate.public_size,
     }  # fmt: skip
+    if partition_kind(pate) != "permutation":  # (the key of runs made before it is unchanged)
+        keys["partition"] = partition_kind(pate)
     text = json.dumps(OmegaConf.to_container(OmegaConf.create(keys)), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -138,12 +215,13 @@ def load_or_compute_votes(cfg, pate, pools, device, run_dir: Path) -> np.ndarray
 
 
 def answer_queries(cfg, pate, votes: np.ndarray, num_classes: int, run_dir: Path, logger) -> dict:
-    """The budgeted aggregation loop, resumable from ``pate_state.json``."""
+    """The budgeted aggregation loop, resumable from ``pate_state.json`` (which records the
+    run's config: a resume under other settings is refused, :func:`claim_run_dir`)."""
     agg = build_aggregator(pate)
     hist = histograms(votes, num_classes)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xA66]))
     state = {"next": 0, "labels": [], "done": False, "stopped_by_budget": False}
-    ledger = PateLedger(delta=cfg.privacy.delta, budget=cfg.privacy.epsilon)
+    ledger = PateLedger(cfg.privacy.delta, cfg.privacy.epsilon, rdp_reserved=reserved(pate))
     if (run_dir / STATE).is_file():
         state = json.loads((run_dir / STATE).read_text())
         ledger = PateLedger.from_state_dict(state["ledger"])
@@ -152,7 +230,8 @@ def answer_queries(cfg, pate, votes: np.ndarray, num_classes: int, run_dir: Path
     last = min(len(hist), pate.max_queries or len(hist))
 
     def save(done: bool) -> None:
-        state.update(done=done, ledger=ledger.state_dict(), rng=rng.bit_generator.state)
+        state.update(done=done, ledger=ledger.state_dict(), rng=rng.bit_generator.state,
+                     config=run_config(cfg, pate))  # fmt: skip
         _save_state(run_dir, state)
         logger.log({"queries": ledger.queries, "answered": ledger.answered,
                     "epsilon": ledger.epsilon()}, ledger.queries)  # fmt: skip
@@ -170,5 +249,49 @@ def answer_queries(cfg, pate, votes: np.ndarray, num_classes: int, run_dir: Path
         if state["next"] % pate.checkpoint_every == 0:
             save(done=False)
     if not state["done"]:
+        if pate.get("release"):  # after the last query, before the state says done
+            state["release"] = release_data_dependent(cfg, pate, hist, state, ledger)
         save(done=True)
     return {**state, "ledger": ledger}
+
+
+def reserved(pate) -> np.ndarray:
+    """The RDP curve of the releases made after the queries (charged from the start)."""
+    if not pate.get("release"):
+        return np.zeros(len(ORDERS))
+    ss = pate.smooth_sensitivity
+    return gnss_rdp(float(ss.beta), float(ss.sigma), ORDERS)
+
+
+def check_release(pate, num_classes: int) -> None:
+    """ConfigError when the release's analysis does not hold for this run (the data-dependent
+    bound must be monotone in q at the release's order: :func:`dpsub.pate.smooth.bound_grid`)."""
+    from dpsub.pate.smooth import bound_grid
+
+    if not pate.get("release"):
+        return
+    try:
+        bound_grid(float(pate.sigma2), float(pate.smooth_sensitivity.order), num_classes,
+                   pate.teachers)  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(f"pate.smooth_sensitivity.order: {e}") from None
+
+
+def release_data_dependent(cfg, pate, hist, state, ledger) -> dict:
+    """The smooth-sensitivity release of the data-dependent cost (:mod:`dpsub.pate.smooth`),
+    with its own seeded noise (a resumed run draws the same); only public values return."""
+    from dpsub.pate.smooth import release
+
+    order = float(pate.smooth_sensitivity.order)
+    at = int(np.argmin(np.abs(ORDERS - order)))
+    answered = np.array([i for i, _ in state["labels"]], dtype=np.int64)
+    sigma2 = float(pate.sigma2)
+    # the cost is the data-independent total less up to order / sigma2^2 per answered query
+    highest = float(ledger.rdp[at])
+    lowest = highest - len(answered) * order / sigma2**2
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0x55E]))
+    out = release(
+        hist[answered], pate.teachers, float(ledger.rdp_data_dependent[at]), (lowest, highest),
+        sigma2, pate.smooth_sensitivity, cfg.privacy.delta, rng,
+    )  # fmt: skip
+    return out.as_dict()

@@ -37,12 +37,15 @@ def _teacher_seed(seed: int, t: int) -> int:
 
 
 def _batches(parts, opts: TeacherOptions, gens, device):
-    """Per step, a (chunk, B) index tensor: each teacher's own examples, its own order."""
-    steps = math.ceil(max(len(p) for p in parts) / opts.batch_size)
+    """Per step, a (chunk, B) index tensor (each teacher's own examples, its own order) and
+    which teachers take that step: an epoch of a teacher is ``ceil(own size / B)`` steps,
+    whatever its neighbours' sizes (so removing another teacher's example changes nothing
+    of it); the chunk runs as many steps as its largest teacher, the others sit out."""
+    own = torch.tensor([math.ceil(len(p) / opts.batch_size) for p in parts])
     orders = [p[torch.randperm(len(p), generator=g)] for p, g in zip(parts, gens, strict=True)]
-    for s in range(steps):
+    for s in range(int(own.max())):
         pos = torch.arange(s * opts.batch_size, (s + 1) * opts.batch_size)
-        yield torch.stack([o[pos % len(o)] for o in orders]).to(device)
+        yield torch.stack([o[pos % len(o)] for o in orders]).to(device), (own > s).to(device)
 
 
 def train_chunk(
@@ -69,12 +72,14 @@ def train_chunk(
     per_teacher_grad = vmap(grad(loss))
     velocity = {k: torch.zeros_like(v) for k, v in params.items()}
     for _ in range(opts.epochs):
-        for idx in _batches(parts, opts, gens, x.device):
+        for idx, active in _batches(parts, opts, gens, x.device):
             grads = per_teacher_grad(params, buffers, x[idx], y[idx])
             with torch.no_grad():
                 for k in params:
-                    velocity[k].mul_(opts.momentum).add_(grads[k])
-                    params[k] = params[k] - opts.lr * velocity[k]
+                    on = active.view(-1, *[1] * (params[k].dim() - 1))
+                    v = torch.where(on, velocity[k] * opts.momentum + grads[k], velocity[k])
+                    params[k] = torch.where(on, params[k] - opts.lr * v, params[k])
+                    velocity[k] = v
     return base, params, buffers
 
 
