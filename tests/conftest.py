@@ -132,5 +132,7 @@ def loop_grads(model, x, y):
 
 # Fixtures the suites share, written beside their helpers in tests/helpers/ (imported last:
 # those modules import the names above).
+from helpers.cli_errors import finished  # noqa: E402, F401
+from helpers.packaging import installed  # noqa: E402, F401
 from helpers.runs import references  # noqa: E402, F401
 from helpers.tables import tiny  # noqa: E402, F401

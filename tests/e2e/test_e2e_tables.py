@@ -3,6 +3,7 @@ campaign, rendering beside the paper, and the dry run's cost."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -10,9 +11,15 @@ import subprocess
 import sys
 import time
 
-from dpsub import stats
+import pytest
+from omegaconf import OmegaConf
 
-from helpers.tables import SCRIPTS, TINY, script
+from dpsub import stats, tables
+
+from conftest import compose_cfg
+from helpers.tables import SCRIPTS, TINY, check_cells, script
+
+TABLES = tables.table_names()
 
 
 def test_reproduce_runs_the_grid_then_the_tuned_picks(tiny):
@@ -150,3 +157,51 @@ def test_dry_run_prints_the_grid_and_its_cost_and_runs_nothing(tiny):
     assert len(rows) == 4 + 4 and all("| todo |" in r for r in rows)
     assert "still to run" in proc.stdout and "estimate" in proc.stdout
     assert not (tmp / "fresh" / "tiny").exists()  # only the step-time cache was written
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "cifar10_subset"])
+def test_dry_run_without_time_measures_nothing_and_says_why_a_cost_is_missing(tmp_path, dataset):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY.replace("experiment: demo", "experiment: demo\n# no data here"))
+    proc = script("reproduce", spec, "--setting", "tiny", "--out", tmp_path / "out", "--dry-run",
+                  f"dataset={dataset}", "data.root=" + str(tmp_path / "nodata"), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "timing" not in out.lower().replace("--time", "")  # nothing was timed
+    assert f"runs go to {tmp_path / 'out' / 'tiny'}" in out and "make_table.py tiny" in out
+    rows = [line for line in out.splitlines() if line.startswith("| paper |")]
+    assert len(rows) == 4 and all(r.endswith("? [1] | ? |") for r in rows)
+    assert "NO GPU MEASURED" in out and "--gpu-speedup" in out
+    reason = next(line for line in out.splitlines() if line.startswith("[1] "))
+    if dataset == "mnist":  # absent, but its published size gives N and so the steps
+        assert "mnist not found under data.root: N from its published size (60000" in out
+        assert all("| 60000 |" in r for r in rows) and "no step time" in reason
+    else:  # no published size: N and the cost are unknown, and the reason says why
+        assert "not found" in reason and all(" | ? | ? | ? [1]" in r for r in rows)
+    assert not (tmp_path / "out").exists()
+
+
+def test_dry_run_counts_every_pick_while_some_cells_still_tune(tmp_path):
+    """One cell's tuning finished (its picks are planned), the others' not: the dry run must
+    still list and count every cell's picks (it once dropped all but the picked cells')."""
+    t = tables.load_table("gep1-mnist")
+    tune = tables.plan_jobs(t, "cpu", tmp_path, "tune")
+    cell = [j for j in tune if j.cell["mechanism"] == "dpsgd"]
+    for j, acc in zip(cell, itertools.cycle([0.5, 0.9, 0.6]), strict=False):
+        j.dir.mkdir(parents=True)
+        OmegaConf.save(compose_cfg(*j.hydra_overrides()), j.dir / "config.yaml")
+        (j.dir / "summary.json").write_text(json.dumps({"validation_accuracy": acc}))
+    assert list(tables.pick_best(t, tune)) == ["mechanism=dpsgd,epsilon=2"]
+    proc = script("reproduce", "gep1-mnist", "--setting", "cpu", "--tune", "--skip-paper",
+                  "--out", tmp_path, "--dry-run", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| tuned |")]
+    assert len(rows) == 3 * 3, rows  # mechanisms x seeds
+    waiting = [r for r in rows if "| after tuning |" in r]
+    assert len(waiting) == 2 * 3 and not any("dpsgd" in r for r in waiting)
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_every_cell_composes_in_every_setting(name):
+    """Each cell's experiment + overrides composes and validates (seeds change nothing else)."""
+    check_cells(name, list)

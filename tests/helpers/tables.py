@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from dpsub import tables
+from dpsub.config import validate
+
+from conftest import REPO, compose_cfg
 
 SCRIPTS = REPO / "scripts"
 
@@ -73,3 +76,25 @@ def tiny(tmp_path_factory):
     proc = script("reproduce", *args, cwd=tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return tmp, spec, args, proc
+
+
+def one_cell_per_kind(cells: list[dict]) -> list[dict]:
+    """The first cell of each combination of axes other than epsilon and seed (cells that
+    differ in those only differ in values, not in the overrides they compose)."""
+    kind = lambda c: tuple((k, v) for k, v in c.items() if k not in ("epsilon", "seed"))  # noqa: E731
+    return list({kind(c): c for c in reversed(cells)}.values())
+
+
+def check_cells(name: str, pick) -> None:
+    t = tables.load_table(name)
+    for setting in ["paper", *t.settings]:
+        for cell in pick(t.cells(setting)):
+            ov = t.overrides_of(cell, setting)
+            validate(compose_cfg(*ov))
+            tune = t.tune_of(setting)
+            if tune:  # a grid's first and last points (the points differ only in their values)
+                points = list(tune.points(cell["mechanism"]))
+                for lr, ci in points[:1] + points[1:][-1:]:
+                    validate(
+                        compose_cfg(*ov, *tables.tune_overrides(tune, cell["mechanism"], lr, ci))
+                    )

@@ -12,27 +12,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, SYNTH, run_cli
-
-
-def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    """The single stderr line of a failed run, which must hold every needle."""
-    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
-
-
-def fails(tmp_path, *overrides: str, env: dict | None = None):
-    """Run the CLI with an out_dir under tmp_path; check that nothing was created."""
-    run_dir = tmp_path / "run"
-    proc = run_cli(*overrides, run_dir=run_dir, check=False, env=env, timeout=300)
-    assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
-    assert not (tmp_path / "outputs").exists()
-    return proc
+from conftest import REPO, run_cli
+from helpers.cli_errors import fails, one_line_error
 
 
 # ---------------------------------------------------------------- experiment=
@@ -99,32 +80,7 @@ def test_dphero_with_its_defaults_is_refused_before_training(tmp_path):
     assert "experiment=dphero_mnist_lenet" in line and "honest epsilon" in line
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        ["privacy.noise_multiplier=0.2"],  # planned: known before the run dir is made
-        ["mechanism=dphero", "privacy.noise_multiplier=2"],  # honest: known after one step
-    ],
-)
-def test_a_budget_below_one_step_is_an_error_not_an_empty_run(tmp_path, overrides):
-    """It was a 0-step run, exit 0, epsilon 0.0; now one line, exit 2, no run dir left."""
-    line = one_line_error(fails(tmp_path, *SYNTH, *overrides), "privacy.epsilon", "one step")
-    assert ("dphero_mnist_lenet" in line) == ("mechanism=dphero" in overrides)
-
-
 # ---------------------------------------------------------------------- resume
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("finished") / "run"
-    run_cli(*SYNTH, "train.max_steps=2", run_dir=run_dir)
-    return run_dir
-
-
-def test_resume_takes_a_group_override_of_an_allowed_group(tmp_path, finished):
-    run_dir = shutil.copytree(finished, tmp_path / "run")
-    proc = run_cli(f"resume={run_dir}", "logger=disabled", "train.eval_every=1", check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from dpsub import costs, tables
-from dpsub.config import validate
 from dpsub.errors import ConfigError
 
 from conftest import REPO, compose_cfg
-from helpers.tables import TINY, load_script, script
+from helpers.tables import TINY, check_cells, load_script, one_cell_per_kind, script
 
 PAPER_TEXT = REPO.parent / "shared" / "papers" / "gep-gradient-embedding-perturbation.txt"
 needs_paper = pytest.mark.skipif(not PAPER_TEXT.is_file(), reason="the GEP paper's text not found")
@@ -47,20 +46,10 @@ def test_grid_is_the_papers_cells(name):
 
 
 @pytest.mark.parametrize("name", TABLES)
-def test_every_cell_composes_in_every_setting(name):
-    """Each cell's experiment + overrides composes and validates (seeds change nothing else)."""
-    t = tables.load_table(name)
-    for setting in ["paper", *t.settings]:
-        for cell in t.cells(setting):
-            ov = t.overrides_of(cell, setting)
-            validate(compose_cfg(*ov))
-            tune = t.tune_of(setting)
-            if tune:  # a grid's first and last points (the points differ only in their values)
-                points = list(tune.points(cell["mechanism"]))
-                for lr, ci in points[:1] + points[1:][-1:]:
-                    validate(
-                        compose_cfg(*ov, *tables.tune_overrides(tune, cell["mechanism"], lr, ci))
-                    )
+def test_one_cell_of_each_kind_composes_in_every_setting(name):
+    """Each setting's experiment + overrides composes and validates, per kind of cell (every
+    cell: tests/e2e/test_e2e_tables.py)."""
+    check_cells(name, one_cell_per_kind)
 
 
 #: GEP paper, Section 4: epochs for epsilon 2 / 5 / 8, and delta.
@@ -204,28 +193,6 @@ def test_pick_best_is_the_best_validation_accuracy_first_on_ties(tmp_path):
 
 
 # --------------------------------------------------------- tiny real runs
-
-
-@pytest.mark.parametrize("dataset", ["mnist", "cifar10_subset"])
-def test_dry_run_without_time_measures_nothing_and_says_why_a_cost_is_missing(tmp_path, dataset):
-    spec = tmp_path / "tiny.yaml"
-    spec.write_text(TINY.replace("experiment: demo", "experiment: demo\n# no data here"))
-    proc = script("reproduce", spec, "--setting", "tiny", "--out", tmp_path / "out", "--dry-run",
-                  f"dataset={dataset}", "data.root=" + str(tmp_path / "nodata"), cwd=tmp_path)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
-    assert "timing" not in out.lower().replace("--time", "")  # nothing was timed
-    assert f"runs go to {tmp_path / 'out' / 'tiny'}" in out and "make_table.py tiny" in out
-    rows = [line for line in out.splitlines() if line.startswith("| paper |")]
-    assert len(rows) == 4 and all(r.endswith("? [1] | ? |") for r in rows)
-    assert "NO GPU MEASURED" in out and "--gpu-speedup" in out
-    reason = next(line for line in out.splitlines() if line.startswith("[1] "))
-    if dataset == "mnist":  # absent, but its published size gives N and so the steps
-        assert "mnist not found under data.root: N from its published size (60000" in out
-        assert all("| 60000 |" in r for r in rows) and "no step time" in reason
-    else:  # no published size: N and the cost are unknown, and the reason says why
-        assert "not found" in reason and all(" | ? | ? | ? [1]" in r for r in rows)
-    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
@@ -374,26 +341,6 @@ def test_table6_m2000_reduced_is_table5_imagenet_reduced():
     a = compose_cfg(*t5.overrides_of({"mechanism": "gep", "aux": "imagenet_random"}, "reduced"))
     b = compose_cfg(*t6.overrides_of({"mechanism": "gep", "m": 2000}, "reduced"))
     assert OmegaConf.to_container(a) == OmegaConf.to_container(b)
-
-
-def test_dry_run_counts_every_pick_while_some_cells_still_tune(tmp_path):
-    """One cell's tuning finished (its picks are planned), the others' not: the dry run must
-    still list and count every cell's picks (it once dropped all but the picked cells')."""
-    t = tables.load_table("gep1-mnist")
-    tune = tables.plan_jobs(t, "cpu", tmp_path, "tune")
-    cell = [j for j in tune if j.cell["mechanism"] == "dpsgd"]
-    for j, acc in zip(cell, itertools.cycle([0.5, 0.9, 0.6]), strict=False):
-        j.dir.mkdir(parents=True)
-        OmegaConf.save(compose_cfg(*j.hydra_overrides()), j.dir / "config.yaml")
-        (j.dir / "summary.json").write_text(json.dumps({"validation_accuracy": acc}))
-    assert list(tables.pick_best(t, tune)) == ["mechanism=dpsgd,epsilon=2"]
-    proc = script("reproduce", "gep1-mnist", "--setting", "cpu", "--tune", "--skip-paper",
-                  "--out", tmp_path, "--dry-run", cwd=tmp_path)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| tuned |")]
-    assert len(rows) == 3 * 3, rows  # mechanisms x seeds
-    waiting = [r for r in rows if "| after tuning |" in r]
-    assert len(waiting) == 2 * 3 and not any("dpsgd" in r for r in waiting)
 
 
 def test_a_re_render_of_the_committed_runs_is_byte_identical_and_dry_run_writes_nothing(

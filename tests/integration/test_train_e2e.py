@@ -17,7 +17,6 @@ from conftest import compose_cfg, needs_shared, run_cli
 from helpers.runs import (
     DEMO,
     RESUME_RUNS,
-    check_kill_and_resume,
     kill_mid_run,
     logged_steps,
 )
@@ -151,11 +150,6 @@ def test_gep_on_real_mnist_with_natural_aux_and_private_diagnostics(tmp_path):
 # ------------------------------------------------------------ kill and resume
 
 
-@pytest.mark.parametrize("mech,sig", [("gep", signal.SIGKILL)])  # the hardest case; the others: e2e
-def test_kill_and_resume_reaches_the_same_run(tmp_path, references, mech, sig):
-    check_kill_and_resume(tmp_path, references(mech), mech, sig)
-
-
 def test_secure_mode_resume_charges_the_lost_steps_again(tmp_path, references):
     """os.urandom noise cannot be replayed: the steps after the checkpoint are new releases."""
     overrides = (*RESUME_RUNS["dpsgd"], "privacy.rng=secure")
@@ -246,24 +240,6 @@ def test_resume_of_a_missing_or_empty_dir_fails_and_creates_nothing(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = run_cli(f"resume={tmp_path / 'empty'}", check=False)
     assert proc.returncode == 2 and list((tmp_path / "empty").iterdir()) == []
-
-
-# --------------------------------------------------------------- multirun
-def test_multirun_is_one_sweep_in_one_folder(tmp_path):
-    """(Sweeping experiments themselves is run by tests/integration/test_readme.py.)"""
-    run_cli(
-        "-m",
-        "experiment=demo",
-        "privacy.epsilon=1,4",
-        "train.max_steps=3",
-        "train.eval_every=0",
-        f"hydra.sweep.dir={tmp_path}",
-    )
-    jobs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
-    assert len(jobs) == 2 and all((p / "summary.json").exists() for p in jobs)
-    assert (tmp_path / "multirun.yaml").exists()
-    eps = sorted(json.loads((p / "summary.json").read_text())["epsilon"] for p in jobs)
-    assert eps[0] <= 1.0 < eps[1] <= 4.0
 
 
 def test_prv_accountant_and_shuffle_sampling_run(tmp_path):
