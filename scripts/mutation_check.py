@@ -220,7 +220,7 @@ MUTANTS = (
         "src/dpsub/training/trainer.py",
         "        run.on_release.append(lambda r: r.ledger.save(run_dir / LEDGER_NAME, sync=True))",
         "        pass",
-        ("tests/integration/test_train_e2e.py", "-k", "secure_mode_resume"),
+        ("tests/integration/test_run_dir.py", "-k", "secure_run_killed_before"),
     ),
     Mutant(
         "prv-trusts-a-fixed-plan-past-the-budget",
