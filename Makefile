@@ -14,11 +14,13 @@ setup:  ## install uv if missing, then the locked environment (.venv)
 demo: setup  ## DP-SGD on scikit-learn's digits (offline), prints test accuracy and epsilon
 	$(UV) run --frozen dpsub-train experiment=demo
 
-test: setup  ## the test suite (slow tests excluded), < 10 minutes on 2 CPU cores
-	$(UV) run --frozen pytest -m "not slow" $(PYTEST_ARGS)
+# Two workers (pytest-xdist), each test file on one worker: the suite is CPU-bound and a
+# CI machine has 2 cores. PYTEST_ARGS="-n 0" runs it in one process.
+test: setup  ## the test suite (slow tests excluded), ~5 minutes on 2 idle CPU cores
+	$(UV) run --frozen pytest -m "not slow" -n 2 --dist loadfile $(PYTEST_ARGS)
 
 test-all: setup
-	$(UV) run --frozen pytest $(PYTEST_ARGS)
+	$(UV) run --frozen pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 lint: setup
 	$(UV) run --frozen ruff check src tests scripts
