@@ -129,8 +129,11 @@ def generated(readme: Path) -> frozenset[str]:
         table = tables.load_table(rel[2])
         args = SimpleNamespace(setting=setting, extra=extra, runs=ROOT / rel[0] / rel[1])
         found = make_table.collect(table, args)
-        lines = make_table.markdown_table(table, found, setting) + make_table.tuning_lines(
-            table, found, setting
+        found["simulated"] = make_table.simulation_marks(table, found, setting)
+        lines = (
+            make_table.markdown_table(table, found, setting)
+            + make_table.tuning_lines(table, found, setting)
+            + make_table.check_lines(table, found, setting)  # a setting's scaling check
         )
         return frozenset(lines)
     if rel[0] == "results" and len(rel) == 3 and rel[1] in studies.STUDIES:
