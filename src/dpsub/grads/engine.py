@@ -32,13 +32,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from dpsub.choices import BACKENDS
 from dpsub.grads.clip import ClippedAccumulator, ClipStats
 from dpsub.grads.layout import ParamLayout
+from dpsub.grads.loss import LossFn, correct, cross_entropy, per_example
 from dpsub.privacy.noise import Sensitive
 
 Forward = Callable[[dict[str, Tensor], Tensor], Tensor]
@@ -195,13 +195,13 @@ class OpacusBackend(VmapBackend):
             p.grad_sample = None
             p.grad = None
         logits = self._gsm(x)
-        losses = F.cross_entropy(logits, y, reduction="none")
+        losses = per_example(engine.loss_fn, logits, y)
         losses.sum().backward()
         flat = torch.cat([p.grad_sample.reshape(x.shape[0], -1) for p in engine._params], dim=1)
         for p in engine._params:
             p.grad_sample = None
             p.grad = None
-        return Chunk(flat, losses.detach(), logits.detach().argmax(-1) == y)
+        return Chunk(flat, losses.detach(), correct(logits.detach(), y))
 
     def clipped_sum(self, x: Tensor, y: Tensor, clip: float, target: GradTarget) -> ClippedSum:
         stats, acc = BatchStats(), ClippedAccumulator()
@@ -226,7 +226,8 @@ class GhostBackend(VmapBackend):
         from dpsub.grads.ghost import GhostClipper
 
         if self._clipper is None:
-            self._clipper = GhostClipper(self.engine.model, microbatch=self.engine.microbatch)
+            e = self.engine
+            self._clipper = GhostClipper(e.model, microbatch=e.microbatch, loss_fn=e.loss_fn)
         return self._clipper
 
     def chunk(self, x: Tensor, y: Tensor, target: GradTarget) -> Chunk:
@@ -240,7 +241,8 @@ class GhostBackend(VmapBackend):
         elif target.module is not None:  # its flat sum put back in the target's order
             from dpsub.grads.ghost import GhostClipper
 
-            clipper = GhostClipper(target.module, microbatch=self.engine.microbatch)
+            e = self.engine
+            clipper = GhostClipper(target.module, microbatch=e.microbatch, loss_fn=e.loss_fn)
             r = clipper.clipped_sum(x, y, clip)
             parts = ParamLayout.of(target.module).unflatten(r.grad_sum)
             named = {target.module_names[n]: t for n, t in parts.items()}
@@ -266,9 +268,10 @@ assert tuple(BACKEND_CLASSES) == BACKENDS, "dpsub.choices.BACKENDS names every s
 
 
 class GradEngine:
-    """Per-example, clipped-sum and mean gradients of a classifier's cross-entropy loss.
+    """Per-example, clipped-sum and mean gradients of a per-example loss.
 
-    ``dist``: a :class:`~dpsub.training.distributed.Dist` in multi-process training (its
+    ``loss_fn(outputs, targets) -> (B,)``: cross-entropy of logits by default
+    (:mod:`dpsub.grads.loss`). ``dist``: a :class:`~dpsub.training.distributed.Dist` in multi-process training (its
     rank splits public gradients and reduces mean gradients), else None.
     """
 
@@ -279,12 +282,14 @@ class GradEngine:
         backend: str = "vmap",
         compile: bool = False,
         dist=None,
+        loss_fn: LossFn = cross_entropy,
     ):
         if backend not in BACKEND_CLASSES:
             raise ValueError(f"grads.backend must be one of {BACKENDS}, got {backend!r}")
         if microbatch < 1:
             raise ValueError(f"grads.microbatch must be >= 1, got {microbatch}")
         self.model = model
+        self.loss_fn = loss_fn
         self.microbatch = int(microbatch)
         self.backend = backend
         self.strategy = BACKEND_CLASSES[backend](self)
@@ -326,8 +331,8 @@ class GradEngine:
 
             def single_loss(params, x, y):
                 logits = target.forward(params, x.unsqueeze(0))
-                loss = F.cross_entropy(logits, y.unsqueeze(0))
-                return loss, (loss.detach(), logits.detach().argmax(-1).squeeze(0) == y)
+                loss = per_example(self.loss_fn, logits, y.unsqueeze(0)).sum()
+                return loss, (loss.detach(), correct(logits.detach(), y.unsqueeze(0))[0])
 
             fn = vmap(grad(single_loss, has_aux=True), in_dims=(None, 0, 0))
             if self.compile:  # dynamic: Poisson batches (and last micro-batches) vary in size
@@ -385,10 +390,10 @@ class GradEngine:
         for xb, yb in self._microbatches(x, y):
             with self.autocast(x.device):
                 logits = self.model(xb)
-                per = F.cross_entropy(logits, yb, reduction="none")
+                per = per_example(self.loss_fn, logits, yb)
             gs = torch.autograd.grad(per.sum(), self._params)
             total += torch.cat([g.reshape(-1) for g in gs])
-            stats.add(per.detach(), logits.detach().argmax(-1) == yb)
+            stats.add(per.detach(), correct(logits.detach(), yb))
         n = torch.tensor(float(x.shape[0]), device=x.device)
         if self.distributed:  # the mean over every rank's shard
             total, n = self.dist.all_reduce(total), self.dist.all_reduce(n)

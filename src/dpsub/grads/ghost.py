@@ -72,6 +72,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpsub.grads.clip import clip_factors
 from dpsub.grads.layout import ParamLayout
+from dpsub.grads.loss import LossFn, correct, cross_entropy, per_example
 
 __all__ = ["RULES", "GhostClipper", "GhostError", "GhostResult", "LayerRule", "register_rule"]
 
@@ -612,10 +613,10 @@ FALLBACK = FallbackRule()
 
 
 class GhostClipper:
-    """Clipped per-example gradient sums of a classifier, by book-keeping ghost clipping.
+    """Clipped per-example gradient sums of a model's loss, by book-keeping ghost clipping.
 
     ``clipped_sum(x, y, C)`` equals materializing the per-example gradients ``g_i`` of
-    ``F.cross_entropy(model(x_i[None]), y_i[None])``, zeroing rows with a non-finite
+    ``loss_fn(model(x_i[None]), y_i[None])`` (cross-entropy by default), zeroing rows with a non-finite
     entry and returning ``sum_i clip_factors(norms, C)_i g_i``, in micro-batches of
     ``microbatch`` examples. ``strategy`` forces the ghost norm or materialization for
     every Linear/Conv2d weight ("auto": the cheaper, per layer); ``choices`` records what
@@ -629,12 +630,14 @@ class GhostClipper:
         *,
         strategy: str = "auto",
         keep_bytes: int = 1 << 30,
+        loss_fn: LossFn = cross_entropy,
     ):
         if microbatch < 1:
             raise ValueError(f"microbatch must be >= 1, got {microbatch}")
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.model, self.microbatch, self.strategy = model, int(microbatch), strategy
+        self.loss_fn = loss_fn
         self.keep_bytes = int(keep_bytes)
         self.choices: dict[str, str] = {}
         self._buffers: dict[str, Tensor] = {}  # per-layer rows, reused by the next call
@@ -695,14 +698,14 @@ class GhostClipper:
                 G.narrow(1, off, n).zero_()
             elif rows.data_ptr() != views[name].data_ptr():  # (else written there already)
                 G.narrow(1, off, n).copy_(rows.reshape(b, n))
-        return G, loss, logits.argmax(1) == y
+        return G, loss, correct(logits, y)
 
     @torch.enable_grad()
     def _forward(self, layers: list[_Layer], x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """Recorded forward, then ``d(sum_i loss_i) / d(layer outputs)`` into each call."""
         with _Recorder(layers):
             logits = self.model(x)
-        loss = F.cross_entropy(logits, y, reduction="none")
+        loss = per_example(self.loss_fn, logits, y)
         _check_versions(layers)
         calls = [c for lay in layers for c in lay.calls]
         outs = [(c, i) for c in calls for i, o in enumerate(c.outs) if _differentiable(o)]
@@ -733,7 +736,7 @@ class GhostClipper:
         norms = torch.where(bad, 0.0, sq.sqrt())
         c = torch.where(bad, 0.0, clip_factors(norms, clip))
         sums = _bookkeep(chunk, c, bad if bool(bad.any()) else None)
-        return _ChunkResult(norms, loss, logits.argmax(1) == y, bad, sums)
+        return _ChunkResult(norms, loss, correct(logits, y), bad, sums)
 
 
 def _sq_norms(g: Tensor) -> Tensor:
