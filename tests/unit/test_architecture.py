@@ -37,6 +37,7 @@ LAYERS = {
     "config": 6,  # validates the declarations of mechanisms, data and models
     "eval": 6,  # evaluations of a trained model (not of the training loop)
     "training": 7,
+    "api": 8,  # the Python API (make_private): the core composed from the caller's objects
     "tables": 7,  # study tables (dpsub-reproduce, sweeps)
     "costs": 8,  # what a table's jobs cost: N, steps, step times (reproduce --dry-run)
     "train": 8,  # the command line

@@ -51,8 +51,8 @@ def _of_account(name: str, settable: bool = False) -> property:
 class Run:
     """Everything one training run holds; built by :func:`build_run`."""
 
-    cfg: DictConfig  # as composed (config.yaml)
-    settings: Settings  # the same, validated and typed: what the code reads
+    cfg: DictConfig | None  # as composed (config.yaml); None: made by the Python API
+    settings: Settings | None  # the same, validated and typed: what the code reads
     device: torch.device
     data: DatasetBundle
     aux: AuxData | None
@@ -62,10 +62,11 @@ class Run:
     account: PrivacyAccount  # sampler, plan, ledgers, policy, q, B, N
     total_steps: int
     optimizer: torch.optim.Optimizer
-    schedule: torch.optim.lr_scheduler.LRScheduler
+    schedule: torch.optim.lr_scheduler.LRScheduler | None  # None: the caller's own
     privatizer: Privatizer
     rng: torch.Generator  # public randomness handed to the mechanism
     generators: dict[str, torch.Generator]  # seeded generators saved in checkpoints
+    seed: int = 0  # the run seed (a clean resume reseeds its streams from it)
     fingerprint: str | None = None  # of the private training set (checked on resume)
     dist: Dist = SINGLE  # this process's rank (training/distributed.py)
     step: int = 0
@@ -236,27 +237,44 @@ def build_run(
     optimizer = build_optimizer(params, s.optim)
     schedule = build_schedule(optimizer, s.optim.schedule, total_steps)
 
-    gens, source, uniform = _randomness(s, device, dist)
+    gens, source, uniform = randomness(s.seed, s.privacy.rng == "secure", device, dist)
     if mechanism.private:
         say(f"setup: the privacy account, epsilon {s.privacy.epsilon} over {total_steps} steps")
     account = _account(s, mechanism, n_train, total_steps, uniform, device)
-    privatizer = Privatizer(source, reduce=dist.all_reduce if dist.active else None)
+    run = assemble_run(
+        data=data, aux=aux, model=model, engine=engine, mechanism=mechanism, account=account,
+        total_steps=total_steps, optimizer=optimizer, schedule=schedule, noise_source=source,
+        generators=gens, seed=s.seed, dist=dist,
+    )  # fmt: skip
+    run.cfg, run.settings = s.cfg, s
+    return run
+
+
+def assemble_run(
+    *, data, aux, model, engine, mechanism, account, total_steps, optimizer, schedule,
+    noise_source, generators, seed: int, dist: Dist = SINGLE,
+) -> Run:  # fmt: skip
+    """A :class:`Run` from its built parts: what :func:`build_run` (from a config) and the
+    Python API (:mod:`dpsub.api`, from the caller's objects) both end with, so that the two
+    release through the same privatizer, account and step."""
+    privatizer = Privatizer(noise_source, reduce=dist.all_reduce if dist.active else None)
     return Run(
-        cfg=s.cfg, settings=s, device=device, data=data, aux=aux, model=model, engine=engine,
-        mechanism=mechanism, account=account, total_steps=total_steps, optimizer=optimizer,
-        schedule=schedule, privatizer=privatizer, rng=gens["public"], generators=gens, dist=dist,
+        cfg=None, settings=None, device=data.train_x.device, data=data, aux=aux, model=model,
+        engine=engine, mechanism=mechanism, account=account, total_steps=total_steps,
+        optimizer=optimizer, schedule=schedule, privatizer=privatizer, rng=generators["public"],
+        generators=generators, seed=int(seed), dist=dist,
     )  # fmt: skip
 
 
-def _randomness(s: Settings, device, dist: Dist):
+def randomness(seed: int, secure: bool, device, dist: Dist = SINGLE):
     """``(generators to checkpoint, noise source, uniform draws for sampling)``: seeded, or
-    secret (``privacy.rng=secure``: never saved); under torchrun drawn by rank 0 only."""
+    secret (``secure``, ``privacy.rng=secure``: never saved); under torchrun drawn by rank 0."""
     gens = {
-        "sampler": torch.Generator(device=device).manual_seed(s.seed + 1),
-        "noise": torch.Generator(device=device).manual_seed(s.seed + 2),
-        "public": torch.Generator(device=device).manual_seed(s.seed + 3),
+        "sampler": torch.Generator(device=device).manual_seed(seed + 1),
+        "noise": torch.Generator(device=device).manual_seed(seed + 2),
+        "public": torch.Generator(device=device).manual_seed(seed + 3),
     }
-    if s.privacy.rng == "secure":
+    if secure:
         secure = SecureNoise()
         source, uniform = secure, (lambda n: secure.uniform(n, device))
         gens = {"public": gens["public"]}  # the secret streams are never saved
@@ -274,7 +292,20 @@ def _randomness(s: Settings, device, dist: Dist):
 
 # ---------------------------------------------------------------------- step
 def train_step(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = False) -> StepOutcome:
-    """Advance ``run`` by one step (``idx``: a given batch instead of a sampled one)."""
+    """Advance ``run`` by one step (``idx``: a given batch instead of a sampled one): the
+    private release, then the optimizer's step on it (post-processing)."""
+    out = release(run, idx, diagnostics)
+    if out.result is not None:
+        run.optimizer.step()
+        if run.schedule is not None:
+            run.schedule.step()
+    return out
+
+
+def release(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = False) -> StepOutcome:
+    """One private release: the batch ``idx`` (sampled if None) through the mechanism, the
+    noise records charged, the released gradient written into the parameters' ``.grad``;
+    the run's step counter advances. No optimizer step (:func:`train_step` makes it)."""
     acct, noise = run.account, run.privatizer
     z = acct.multiplier(run.step)
     if not acct.admit(run.step):
@@ -293,8 +324,6 @@ def train_step(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = Fa
         res.grad = run.dist.broadcast(res.grad.contiguous())
         _reduce_stats(run, res)
     run.engine.set_grad(res.grad)
-    run.optimizer.step()
-    run.schedule.step()
     run.step += 1
     return StepOutcome(res, charged, noise.effective_multiplier())
 
@@ -318,7 +347,7 @@ def run_state(run: Run) -> dict:
         "step": run.step,
         "model": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict(),
-        "schedule": run.schedule.state_dict(),
+        "schedule": run.schedule.state_dict() if run.schedule is not None else None,
         **run.account.state_dict(),  # ledger, nominal, sampler
         "mechanism": run.mechanism.state_dict(),
         "rng": rng_state(run.generators),
@@ -335,10 +364,11 @@ def load_run_state(run: Run, state: dict) -> None:
 
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
-    run.schedule.load_state_dict(state["schedule"])
+    if run.schedule is not None:
+        run.schedule.load_state_dict(state["schedule"])
     run.account.load_state_dict(state)
     run.mechanism.load_state_dict(state["mechanism"])
-    clean, reseed = bool(state.get("clean", False)), f"{run.settings.seed}:{int(state['step'])}"
+    clean, reseed = bool(state.get("clean", False)), f"{run.seed}:{int(state['step'])}"
     if not restore_rng(run.generators, state["rng"], clean=clean, reseed=reseed):
         run.privatizer.source.load_state_dict(state["noise_source"])
     run.step = int(state["step"])
