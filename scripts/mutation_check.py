@@ -36,6 +36,20 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "api-releases-any-batch",
+        "src/dpsub/api/private.py",
+        "if drawn is None or x is not drawn[1] or y is not drawn[2]:",
+        "if drawn is None:",
+        ("tests/integration/test_api.py", "-k", "only_the_batch"),
+    ),
+    Mutant(
+        "api-steps-beyond-the-plan",
+        "src/dpsub/api/private.py",
+        "        if self.run.step >= self.run.total_steps:\n            raise BudgetExhausted(",
+        "        if False:\n            raise BudgetExhausted(",
+        ("tests/integration/test_api.py", "-k", "beyond_the_plan"),
+    ),
+    Mutant(
         "row-with-overflowing-norm-kept",
         "src/dpsub/grads/clip.py",
         "    ok = torch.isfinite(norms)\n    if bool(ok.all()):",
