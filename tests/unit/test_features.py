@@ -152,7 +152,7 @@ def _loop_grads(model, x, y):
     return torch.stack(rows)
 
 
-@pytest.mark.parametrize("name", ["linear", "scatter_cnn"])
+@pytest.mark.parametrize("name", ["linear", "scatter_cnn", "mlp"])
 def test_per_example_gradients_and_ghost_norms_are_exact(name):
     torch.manual_seed(0)
     x, y = torch.randn(7, 6, 4, 4, dtype=torch.float64), torch.randint(0, 5, (7,))
