@@ -86,6 +86,20 @@ MUTANTS = (
         ("tests/unit/test_features.py", "-k", "private_split"),
     ),
     Mutant(
+        "efficientnet-input-normalized-by-the-batch",
+        "src/dpsub/features/efficientnet.py",
+        "        x = (x - self.mean) / self.std",
+        "        x = (x - x.mean((0, 2, 3), keepdim=True)) / x.std((0, 2, 3), keepdim=True)",
+        ("tests/unit/test_features.py", "-k", "efficientnet_input_normalization"),
+    ),
+    Mutant(
+        "feature-cache-key-ignores-the-weights",
+        "src/dpsub/features/efficientnet.py",
+        '"name": name, "weights": file_hash(path),',
+        '"name": name,',
+        ("tests/unit/test_features.py", "-k", "invalidated_by_the_weights"),
+    ),
+    Mutant(
         "pate-data-dependent-epsilon-still-covered",
         "src/dpsub/pate/cli.py",
         '"covered_by_epsilon": not dd,',

@@ -165,6 +165,7 @@ FEATURE_OPTIONS = {
     "scatternet": (*_FEATURE_COMMON, "J", "L", "pool"),
     "cifar100_resnet": (*_FEATURE_COMMON, "width", "epochs", "seed", "pretrain_path"),
     "torchscript": (*_FEATURE_COMMON, "path", "input_mean", "input_std"),
+    **{f"efficientnet_lite{i}": (*_FEATURE_COMMON, "input_mean", "input_std") for i in range(3)},
 }
 #: aux sources that are drawn from the private dataset's own (featurized) tensors
 _FEATURE_AUX = ("none", "heldout_test", "public_train", "gaussian")

@@ -45,6 +45,9 @@ USAGE = {
     "uv run dpsub-train experiment=a3_gep features=scatternet features.pool=2 mechanism.num_bases=99": (
         "fake_cifar10",
     ),
+    "uv run dpsub-train experiment=a3_gep features=efficientnet_lite0 mechanism.num_bases=113": (
+        "fake_cifar10",
+    ),
     "uv run dpsub-train --cfg job dataset=cifar10 model=resnet20": (),
     "uv run dpsub-train --help": (),
     # the resume example: a run stopped early (here: after 2 steps), then resumed

@@ -17,6 +17,8 @@ Registry (``MODELS``), each entry called as ``ctor(in_shape, num_classes, **kwar
 * ``"linear"`` -- :class:`~dpsub.models.linear.Linear`, a linear classifier (frozen features).
 * ``"scatter_cnn"`` -- :class:`~dpsub.models.linear.ScatterCNN`, Tramer & Boneh's CNN on
   ScatterNet features.  kwargs: ``channels`` (64).
+* ``"mlp"`` -- :class:`~dpsub.models.linear.MLP`, one hidden ReLU layer (frozen features).
+  kwargs: ``hidden`` (256).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ MODELS: dict[str, str] = {
     "cifar_cnn": "dpsub.models.cifar_cnn:CifarCNN",
     "linear": "dpsub.models.linear:Linear",
     "scatter_cnn": "dpsub.models.linear:ScatterCNN",
+    "mlp": "dpsub.models.linear:MLP",
 }
 
 #: name -> the keyword options its constructor takes (besides in_shape and num_classes),
@@ -53,6 +56,7 @@ MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
     "cifar_cnn": ("channels", "hidden"),
     "linear": (),
     "scatter_cnn": ("channels",),
+    "mlp": ("hidden",),
 }
 
 
