@@ -8,7 +8,7 @@ import io
 import torch
 from torch import nn
 
-from dpsub.training.ema import EMA, evaluate_released
+from dpsub.training.ema import EMA, evaluate_released, released_state
 from dpsub.training.run import build_run, load_run_state, run_state, train_step
 
 from conftest import SYNTH, compose_cfg
@@ -77,3 +77,14 @@ def test_evaluation_reads_the_averaged_weights_and_both_on_request():
     assert set(raw) == {f"{run.data.eval_split}/raw_accuracy", f"{run.data.eval_split}/raw_loss"}
     off = build_run(compose_cfg(*SYNTH, "train.batch_size=32"))
     assert off.ema is None and evaluate_released(off, evaluate)[2] == {}
+
+
+def test_a_checkpoint_releases_the_averaged_weights():
+    run = _run()
+    train_step(run)
+    state = run_state(run)
+    released = released_state(state)
+    for n, t in run.ema.avg.items():
+        assert torch.equal(released[n], t) and not torch.equal(state["model"][n], t)
+    off = build_run(compose_cfg(*SYNTH, "train.batch_size=32"))
+    assert released_state(run_state(off)).keys() == off.model.state_dict().keys()

@@ -70,6 +70,12 @@ def _params(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     return ((n, p) for n, p in model.named_parameters() if p.requires_grad)
 
 
+def released_state(state: dict) -> dict:
+    """The model state dict a checkpoint's ``state`` releases: its weights, the averaged
+    ones in place of the raw ones when the run averaged them (``train.ema``)."""
+    return {**state["model"], **state.get("ema", {}).get("avg", {})}
+
+
 def build_ema(decay: float | None, model: nn.Module) -> EMA | None:
     """``train.ema``: the average, or None when off (null or 0)."""
     return EMA(model, decay) if decay else None
