@@ -36,6 +36,7 @@ from dpsub.data.subsets import balanced_pick  # noqa: E402
 from dpsub.models import build_model  # noqa: E402
 from dpsub.runs import CHECKPOINT, CONFIG, VALIDATION  # noqa: E402
 from dpsub.training.checkpoint import data_fingerprint, load_checkpoint  # noqa: E402
+from dpsub.training.ema import released_state  # noqa: E402
 from dpsub.training.trainer import evaluate  # noqa: E402
 
 
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             fail(f"{run}: the recomputed training subset is not the one the run trained on")
         mcfg = OmegaConf.to_container(cfg.model, resolve=True)
         model = build_model(mcfg.pop("name"), tuple(x.shape[1:]), num_classes, **mcfg)
-        model.load_state_dict(ckpt["state"]["model"])
+        model.load_state_dict(released_state(ckpt["state"]))  # (the EMA weights if averaged)
         acc, loss = evaluate(model, x, y, int(cfg.train.eval_batch_size))
         out = {"val_accuracy": acc, "val_loss": loss, "val_size": len(y), "val_seed": args.val_seed}
         (run / VALIDATION).write_text(json.dumps(out, indent=2) + "\n")

@@ -482,11 +482,33 @@ MUTANTS = (
     Mutant(
         "amp-clipped-sum-in-bf16",
         "src/dpsub/grads/engine.py",
-        "                grads, (loss, correct) = self.engine._per_example_fn(target)(params, xb, yb)\n"
-        "            acc.add(",
-        "                grads, (loss, correct) = self.engine._per_example_fn(target)(params, xb, yb)\n"
-        "                acc.add(",
+        "                grads, (loss, correct) = fn(params, xb, yb)\n            acc.add(",
+        "                grads, (loss, correct) = fn(params, xb, yb)\n                acc.add(",
         ("tests/unit/test_amp.py", "-k", "float32"),
+    ),
+    Mutant(
+        "augmult-views-averaged-after-clipping",
+        "src/dpsub/grads/engine.py",
+        "        fn = self.engine._per_example_fn(target, self.engine.views_of(x))\n"
+        "        for xb, yb in self.engine._microbatches(x, y):\n"
+        "            with self.engine.autocast(x.device):\n"
+        "                grads, (loss, correct) = fn(params, xb, yb)\n"
+        '            acc.add("grad", [grads[n] for n in target.layout.names], clip)',
+        "        k = self.engine.views_of(x)\n"
+        "        fn = self.engine._per_example_fn(target, 1)\n"
+        "        xs = x.flatten(0, 1) if k > 1 else x\n"
+        "        for xb, yb in self.engine._microbatches(xs, y.repeat_interleave(k)):\n"
+        "            with self.engine.autocast(x.device):\n"
+        "                grads, (loss, correct) = fn(params, xb, yb)\n"
+        '            acc.add("grad", [grads[n] / k for n in target.layout.names], clip / k)',
+        ("tests/unit/test_augmult.py", "-k", "average_of_the_views and vmap"),
+    ),
+    Mutant(
+        "ema-saved-without-its-state",
+        "src/dpsub/training/run.py",
+        '**({"ema": run.ema.state_dict()} if run.ema is not None else {}),',
+        '**({"ema": {"updates": 0, "avg": {}}} if run.ema is not None else {}),',
+        ("tests/unit/test_ema.py", "-k", "resume_bit_exactly"),
     ),
     Mutant(
         "resume-on-another-device-from-mid-run-checkpoint",

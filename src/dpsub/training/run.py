@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpsub.config import Settings, check_against_data, typed_group, validate
 from dpsub.data import DatasetBundle, load_dataset
+from dpsub.data.augment import build_augmult
 from dpsub.data.aux import AuxData, build_aux
 from dpsub.data.validation import carve_validation
 from dpsub.errors import ConfigError
@@ -34,6 +35,7 @@ from dpsub.privacy import Privatizer, SecureNoise, SeededNoise, simulate
 from dpsub.privacy.account import PrivacyAccount
 from dpsub.privacy.sampling import sample_rate, seeded_uniform
 from dpsub.training.distributed import SINGLE, BroadcastNoise, Dist, broadcast_uniform, device_for
+from dpsub.training.ema import EMA, build_ema
 from dpsub.training.optim import build_optimizer, build_schedule
 from dpsub.training.progress import Counter
 
@@ -74,6 +76,7 @@ class Run:
     #: why some output of the run is not covered by its epsilon (sticky: kept in checkpoints)
     uncovered: list[str] = field(default_factory=list)
     run_seconds: float = 0.0  # wall time of the training loops so far (checkpointed)
+    ema: EMA | None = None  # train.ema: the averaged weights evaluated and saved
 
     @property
     def secure(self) -> bool:
@@ -237,14 +240,16 @@ def build_run(
     optimizer = build_optimizer(params, s.optim)
     schedule = build_schedule(optimizer, s.optim.schedule, total_steps)
 
-    gens, source, uniform = randomness(s.seed, s.privacy.rng == "secure", device, dist)
+    augment = s.train.augmult > 1
+    gens, source, uniform = randomness(s.seed, s.privacy.rng == "secure", device, dist, augment)
+    engine.augmult = build_augmult(s.train.augmult, data.name, data.in_shape, gens.get("augment"))
     if mechanism.private:
         say(f"setup: the privacy account, epsilon {s.privacy.epsilon} over {total_steps} steps")
     account = _account(s, mechanism, n_train, total_steps, uniform, device)
     run = assemble_run(
         data=data, aux=aux, model=model, engine=engine, mechanism=mechanism, account=account,
         total_steps=total_steps, optimizer=optimizer, schedule=schedule, noise_source=source,
-        generators=gens, seed=s.seed, dist=dist,
+        generators=gens, seed=s.seed, dist=dist, ema=build_ema(s.train.ema, model),
     )  # fmt: skip
     run.cfg, run.settings = s.cfg, s
     return run
@@ -252,7 +257,7 @@ def build_run(
 
 def assemble_run(
     *, data, aux, model, engine, mechanism, account, total_steps, optimizer, schedule,
-    noise_source, generators, seed: int, dist: Dist = SINGLE,
+    noise_source, generators, seed: int, dist: Dist = SINGLE, ema=None,
 ) -> Run:  # fmt: skip
     """A :class:`Run` from its built parts: what :func:`build_run` (from a config) and the
     Python API (:mod:`dpsub.api`, from the caller's objects) both end with, so that the two
@@ -262,11 +267,11 @@ def assemble_run(
         cfg=None, settings=None, device=data.train_x.device, data=data, aux=aux, model=model,
         engine=engine, mechanism=mechanism, account=account, total_steps=total_steps,
         optimizer=optimizer, schedule=schedule, privatizer=privatizer, rng=generators["public"],
-        generators=generators, seed=int(seed), dist=dist,
+        generators=generators, seed=int(seed), dist=dist, ema=ema,
     )  # fmt: skip
 
 
-def randomness(seed: int, secure: bool, device, dist: Dist = SINGLE):
+def randomness(seed: int, secure: bool, device, dist: Dist = SINGLE, augment: bool = False):
     """``(generators to checkpoint, noise source, uniform draws for sampling)``: seeded, or
     secret (``secure``, ``privacy.rng=secure``: never saved); under torchrun drawn by rank 0."""
     gens = {
@@ -274,10 +279,12 @@ def randomness(seed: int, secure: bool, device, dist: Dist = SINGLE):
         "noise": torch.Generator(device=device).manual_seed(seed + 2),
         "public": torch.Generator(device=device).manual_seed(seed + 3),
     }
+    if augment:  # public crops and flips, their own stream (the noise's unchanged)
+        gens["augment"] = torch.Generator(device=device).manual_seed(seed + 4)
     if secure:
         secure = SecureNoise()
         source, uniform = secure, (lambda n: secure.uniform(n, device))
-        gens = {"public": gens["public"]}  # the secret streams are never saved
+        gens = {k: g for k, g in gens.items() if k in ("public", "augment")}  # secret: unsaved
         draws = torch.float64
     else:
         source, uniform = SeededNoise(gens["noise"]), seeded_uniform(gens["sampler"], device)
@@ -299,6 +306,8 @@ def train_step(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = Fa
         run.optimizer.step()
         if run.schedule is not None:
             run.schedule.step()
+        if run.ema is not None:  # parameter averaging (post-processing)
+            run.ema.update(run.model)
     return out
 
 
@@ -313,7 +322,10 @@ def release(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = False
     idx = run.dist.shard(acct.sampler.sample() if idx is None else idx)
     ctx = StepContext(run.step, run.total_steps, acct.batch_size, z, noise, run.rng, diagnostics)
     noise.begin_step()
-    res = run.mechanism.step(run.data.train_x[idx], run.data.train_y[idx], ctx)
+    x = run.data.train_x[idx]
+    if run.engine.augmult is not None:  # (b, K, ...) views, averaged before clipping
+        x = run.engine.augmult.views(x)
+    res = run.mechanism.step(x, run.data.train_y[idx], ctx)
     charged = acct.charge(noise.records, z, who=f"mechanism {run.mechanism.name}, step {run.step}")
     if charged is None:
         return StepOutcome(None, z, noise.effective_multiplier(), stopped_by_budget=True)
@@ -356,6 +368,7 @@ def run_state(run: Run) -> dict:
         "secure": run.secure,
         "uncovered": list(run.uncovered),
         "run_seconds": run.run_seconds,
+        **({"ema": run.ema.state_dict()} if run.ema is not None else {}),
     }
 
 
@@ -374,6 +387,8 @@ def load_run_state(run: Run, state: dict) -> None:
     run.step = int(state["step"])
     run.uncovered = list(state.get("uncovered", []))
     run.run_seconds = float(state.get("run_seconds", 0.0))
+    if run.ema is not None:
+        run.ema.load_state_dict(state["ema"])
 
 
 def load_finished_run(run_dir, data_root: str | None = None) -> Run:
@@ -399,5 +414,7 @@ def load_finished_run(run_dir, data_root: str | None = None) -> Run:
             "on (data fingerprint mismatch); check --data-root"
         )
     load_run_state(run, ckpt["state"])
+    if run.ema is not None:  # the released model: the averaged weights
+        run.ema.copy_to(run.model)
     run.fingerprint = fp
     return run
