@@ -70,6 +70,52 @@ def run_cli(
     return proc
 
 
+def cli_in_process(
+    *overrides: str,
+    run_dir: Path | None = None,
+    check: bool = True,
+    env: dict | None = None,
+    module: str = "dpsub.train",
+) -> subprocess.CompletedProcess:
+    """:func:`run_cli` in this process: ``<module>.cli()`` with the same argv and environment,
+    its stdout / stderr and exit code captured (seconds, where a subprocess spends most of
+    its time importing torch). ``sys.argv``, ``os.environ`` and the logging set-up Hydra
+    replaces are restored afterwards."""
+    import contextlib
+    import importlib
+    import io
+    import logging
+
+    args, full_env = cli_command(*overrides, run_dir=run_dir, env=env)
+    cli = importlib.import_module(module).cli
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    saved_argv, saved_env = sys.argv[:], os.environ.copy()
+    loggers = [logging.getLogger(n) for n in ("", "dpsub", "hydra")]
+    saved_logs = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    try:
+        os.environ.clear()
+        os.environ.update(full_env)
+        sys.argv = [module, *args[3:]]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, int | None):
+            err.write(f"{e.code}\n")
+    finally:
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for lg, handlers, level, propagate in saved_logs:
+            lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
+    proc = subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(
+            f"{module} failed ({code}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return proc
+
+
 def compose_cfg(*overrides: str, data_root: Path | None = None):
     """The composed config (``conf/config.yaml`` + overrides), W&B and progress bar off."""
     from dpsub.config import compose
