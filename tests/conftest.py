@@ -76,6 +76,7 @@ def cli_in_process(
     check: bool = True,
     env: dict | None = None,
     module: str = "dpsub.train",
+    timeout: int | None = None,  # run_cli's; pytest-timeout bounds a test in this process
 ) -> subprocess.CompletedProcess:
     """:func:`run_cli` in this process: ``<module>.cli()`` with the same argv and environment,
     its stdout / stderr and exit code captured (seconds, where a subprocess spends most of

@@ -12,7 +12,7 @@ from dpsub.config import ConfigError, compose, validate
 from dpsub.mechanisms import build_mechanism
 from dpsub.models import build_model
 
-from conftest import CONF_DIR, run_cli
+from conftest import CONF_DIR, cli_in_process
 
 SHAPES = {
     "digits": (1, 28, 28),
@@ -243,14 +243,14 @@ def test_bad_values_name_the_key(override, key):
 
 def test_cli_errors_before_training(tmp_path):
     # batch larger than the dataset: needs the data, still fails before anything is written
-    proc = run_cli("train.batch_size=5000", run_dir=tmp_path / "a", check=False)
+    proc = cli_in_process("train.batch_size=5000", run_dir=tmp_path / "a", check=False)
     assert proc.returncode == 2
     assert "train.batch_size" in proc.stderr and "1437" in proc.stderr
     assert not (tmp_path / "a").exists()
-    proc = run_cli("+model.depthh=3", run_dir=tmp_path / "m", check=False)
+    proc = cli_in_process("+model.depthh=3", run_dir=tmp_path / "m", check=False)
     assert proc.returncode == 2 and "depthh" in proc.stderr and not (tmp_path / "m").exists()
     # unknown key: Hydra refuses it and names it
-    proc = run_cli("train.epochz=3", run_dir=tmp_path / "b", check=False)
+    proc = cli_in_process("train.epochz=3", run_dir=tmp_path / "b", check=False)
     assert proc.returncode != 0 and "epochz" in proc.stderr
 
 
@@ -266,7 +266,7 @@ def test_launcher_presets_compose(launcher, target):
 
 
 def test_missing_dataset_files_give_one_clear_error(tmp_path):
-    proc = run_cli(
+    proc = cli_in_process(
         "dataset=cifar10", f"data.root={tmp_path}", run_dir=tmp_path / "run", check=False
     )
     assert proc.returncode == 2
@@ -285,7 +285,7 @@ def test_a_truncated_dataset_file_gives_one_line_and_exit_2(tmp_path):
     for f in (SHARED / "MNIST" / "raw").glob("*.gz"):
         data = f.read_bytes()
         (raw / f.name).write_bytes(data[: len(data) // 3] if "train-images" in f.name else data)
-    proc = run_cli(
+    proc = cli_in_process(
         "dataset=mnist", f"data.root={tmp_path / 'data'}", run_dir=tmp_path / "run", check=False
     )
     assert proc.returncode == 2, proc.stderr
