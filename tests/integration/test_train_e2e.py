@@ -12,7 +12,7 @@ from dpsub.logging import read_metrics
 from dpsub.privacy import epsilon_for
 from dpsub.training.trainer import train
 
-from conftest import cli_in_process, compose_cfg, needs_shared
+from conftest import cli_in_process, compose_cfg
 from helpers.runs import (
     DEMO,
 )
@@ -94,53 +94,6 @@ def test_budget_stops_at_the_largest_step_count_under_the_budget(tmp_path, accou
         <= 3.0
         < epsilon_for([(1.2, q, res.steps + 1)], 1e-5, accountant)
     )
-
-
-@needs_shared
-def test_dpsgd_on_real_mnist(tmp_path):
-    res = train(
-        cfg_for(
-            "dataset=mnist",
-            "train.batch_size=512",
-            "train.max_steps=60",
-            "optim.lr=2.0",
-            "optim.momentum=0.0",
-            "privacy.epsilon=2.0",
-            "train.eval_every=0",
-        ),
-        tmp_path,
-    )
-    assert res.steps == 60
-    assert res.epsilon <= 2.0 and res.epsilon > 1.9
-    assert res.test_accuracy > 0.75
-
-
-@needs_shared
-def test_gep_on_real_mnist_with_natural_aux_and_private_diagnostics(tmp_path):
-    res = train(
-        cfg_for(
-            "dataset=mnist",
-            "mechanism=gep",
-            "aux=natural",
-            "aux.num_samples=300",
-            "mechanism.num_bases=100",
-            "mechanism.diagnostics_every=5",
-            "privacy.private_diagnostics=true",
-            "train.batch_size=256",
-            "train.max_steps=12",
-            "optim.lr=0.5",
-            "train.log_every=1",
-            "train.eval_every=0",
-        ),
-        tmp_path,
-    )
-    assert res.steps == 12 and res.epsilon <= 2.0
-    metrics = read_metrics(tmp_path)
-    errs = [
-        m["private/mech/projection_error"] for m in metrics if "private/mech/projection_error" in m
-    ]
-    assert errs and all(0 < e < 1.5 for e in errs)
-    assert any("private/mech/stable_rank_residual" in m for m in metrics)
 
 
 # ------------------------------------------------------------ kill and resume
