@@ -78,16 +78,26 @@ def cli_in_process(
     module: str = "dpsub.train",
     timeout: int | None = None,  # run_cli's; pytest-timeout bounds a test in this process
 ) -> subprocess.CompletedProcess:
-    """:func:`run_cli` in this process: ``<module>.cli()`` with the same argv and environment,
-    its stdout / stderr and exit code captured (seconds, where a subprocess spends most of
-    its time importing torch). ``sys.argv``, ``os.environ`` and the logging set-up Hydra
-    replaces are restored afterwards."""
+    """:func:`run_cli` in this process (seconds, where a subprocess spends most of its time
+    importing torch): :func:`run_in_process` with run_cli's argv and environment."""
+    args, full_env = cli_command(*overrides, run_dir=run_dir, env=env)
+    proc = run_in_process(module, args[3:], full_env)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return proc
+
+
+def run_in_process(module: str, words: list[str], env: dict) -> subprocess.CompletedProcess:
+    """``<module>.cli()`` with argv ``words`` and environment ``env``, its stdout / stderr
+    and exit code captured as a subprocess's would be. ``sys.argv``, ``os.environ`` and the
+    logging set-up Hydra replaces are restored afterwards."""
     import contextlib
     import importlib
     import io
     import logging
 
-    args, full_env = cli_command(*overrides, run_dir=run_dir, env=env)
     cli = importlib.import_module(module).cli
     out, err, code = io.StringIO(), io.StringIO(), 0
     saved_argv, saved_env = sys.argv[:], os.environ.copy()
@@ -95,8 +105,8 @@ def cli_in_process(
     saved_logs = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
     try:
         os.environ.clear()
-        os.environ.update(full_env)
-        sys.argv = [module, *args[3:]]
+        os.environ.update(env)
+        sys.argv = [module, *words]
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             cli()
     except SystemExit as e:
@@ -109,12 +119,7 @@ def cli_in_process(
         os.environ.update(saved_env)
         for lg, handlers, level, propagate in saved_logs:
             lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
-    proc = subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
-    if check and code != 0:
-        raise AssertionError(
-            f"{module} failed ({code}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-        )
-    return proc
+    return subprocess.CompletedProcess([module, *words], code, out.getvalue(), err.getvalue())
 
 
 def compose_cfg(*overrides: str, data_root: Path | None = None):
