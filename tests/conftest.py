@@ -90,15 +90,38 @@ def cli_in_process(
 
 
 def run_in_process(module: str, words: list[str], env: dict) -> subprocess.CompletedProcess:
-    """``<module>.cli()`` with argv ``words`` and environment ``env``, its stdout / stderr
-    and exit code captured as a subprocess's would be. ``sys.argv``, ``os.environ`` and the
-    logging set-up Hydra replaces are restored afterwards."""
-    import contextlib
+    """``python -m <module> WORDS`` as :func:`captured` ``<module>.cli()`` in this process."""
     import importlib
+
+    return captured(lambda: importlib.import_module(module).cli(), [module, *words], env)
+
+
+def run_script_in_process(script: Path, *words, env: dict | None = None, cwd: Path = REPO):
+    """``python SCRIPT WORDS`` run from ``cwd``, as :func:`captured` ``runpy.run_path`` in
+    this process."""
+    import contextlib
+    import runpy
+
+    def run():  # the script's folder first on sys.path, as python puts it
+        sys.path.insert(0, str(Path(script).parent))
+        try:
+            with contextlib.chdir(cwd):
+                runpy.run_path(str(script), run_name="__main__")
+        finally:
+            sys.path.remove(str(Path(script).parent))
+
+    return captured(run, [str(script), *map(str, words)], env or dict(os.environ))
+
+
+def captured(run, argv: list[str], env: dict) -> subprocess.CompletedProcess:
+    """``run()`` with ``sys.argv`` = ``argv`` and environment ``env``, its stdout / stderr and
+    exit code captured as a subprocess's would be (seconds, where a subprocess spends most
+    of its time importing torch). ``sys.argv``, ``os.environ`` and the logging set-up Hydra
+    replaces are restored afterwards."""
+    import contextlib
     import io
     import logging
 
-    cli = importlib.import_module(module).cli
     out, err, code = io.StringIO(), io.StringIO(), 0
     saved_argv, saved_env = sys.argv[:], os.environ.copy()
     loggers = [logging.getLogger(n) for n in ("", "dpsub", "hydra")]
@@ -106,9 +129,9 @@ def run_in_process(module: str, words: list[str], env: dict) -> subprocess.Compl
     try:
         os.environ.clear()
         os.environ.update(env)
-        sys.argv = [module, *words]
+        sys.argv = list(argv)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli()
+            run()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, int | None):
@@ -119,7 +142,7 @@ def run_in_process(module: str, words: list[str], env: dict) -> subprocess.Compl
         os.environ.update(saved_env)
         for lg, handlers, level, propagate in saved_logs:
             lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
-    return subprocess.CompletedProcess([module, *words], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def compose_cfg(*overrides: str, data_root: Path | None = None):

@@ -6,7 +6,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -19,20 +18,18 @@ from dpsub.gpu import cells, kit, stage
 from dpsub.gpu.harvest import harvest
 from dpsub.training.checkpoint import restore_rng, rng_state
 
-from conftest import REPO
+from conftest import REPO, run_script_in_process
 
 SCRIPT = REPO / "scripts" / "gpu_run.py"
 SHARED = REPO.parent / "shared"
 PAPER = ("gep1-cifar10-paper",)  # the campaign of GEP Table 1 CIFAR-10, paper setting
 
 
-def gpu_run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def gpu_run(*args: str) -> subprocess.CompletedProcess:
+    """``python scripts/gpu_run.py ARGS``, in this process (conftest.run_script_in_process)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
     env.pop("DPSUB_DATA", None)
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-        timeout=timeout, cwd=REPO, env=env,
-    )  # fmt: skip
+    return run_script_in_process(SCRIPT, *args, env=env)
 
 
 def test_bad_setup_is_one_line_and_exit_2(tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from dpsub.eval.mia import (
 )
 from dpsub.training.run import build_run, train_step
 
-from conftest import REPO, SYNTH, compose_cfg
+from conftest import REPO, SYNTH, compose_cfg, run_script_in_process
 
 torch.set_num_threads(2)
 
@@ -133,10 +132,8 @@ def test_eval_mia_is_logged_under_private_and_uncovers_the_run(tmp_path):
 
 # ------------------------------------------------------------------- script
 def mia_script(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "mia.py"), *map(str, args)],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
-    )  # fmt: skip
+    """``python scripts/mia.py ARGS``, in this process (conftest.run_script_in_process)."""
+    return run_script_in_process(REPO / "scripts" / "mia.py", *args)
 
 
 def test_mia_script_on_a_finished_run(tmp_path):

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from dpsub.pate import run as pate_run
 from dpsub.pate.cli import run_pate
 from dpsub.pate.teachers import TeacherOptions, train_chunk
 
-from conftest import REPO
+from conftest import run_in_process
 
 TINY = [
     "pate.teachers=8", "pate.public_size=150", "pate.sigma2=3.0", "privacy.epsilon=40",
@@ -127,10 +126,8 @@ def test_pate_end_to_end_and_resume(tmp_path, monkeypatch):
 )  # fmt: skip
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, arg, key):
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "dpsub.pate.cli", arg, f"out_dir={out}", "logger=disabled"],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
-    )  # fmt: skip
+    words = [arg, f"out_dir={out}", "logger=disabled"]  # dpsub-pate's cli() in this process
+    proc = run_in_process("dpsub.pate.cli", words, dict(os.environ))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert key in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not out.exists()
