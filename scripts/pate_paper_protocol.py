@@ -1,0 +1,108 @@
+"""PATE on MNIST as Papernot et al. (2018) ran it: row (b) of results/pate/ (issue 41).
+
+    uv run python scripts/pate_paper_protocol.py budget    # queries per epsilon (tuning split)
+    uv run python scripts/pate_paper_protocol.py final     # seeds x epsilons, semi-supervised
+    uv run python scripts/pate_paper_protocol.py final --only seed0   # some run dirs only
+
+Needs the mnist_confident setting's tuning runs (``scripts/pate_study.py tune
+mnist_confident``: its teachers' votes in ``outputs/pate_votes`` and its picks).
+
+* ``budget``: for each epsilon, the aggregator picked for it by mnist_confident, run on the
+  tuning split (seed 0, 5,000 training images held out; tuning is not charged, as in the
+  papers) with the data-independent filter lifted and ``pate.max_queries`` = 500, 1000,
+  ..., 9000; each count's data-dependent epsilon is released by smooth sensitivity (the
+  noisy, covered value: the unnoised one is not looked at). The budget is the largest
+  count whose released epsilon is within the target. Aggregation and release only (no
+  student). Writes ``results/pate/runs/mnist_paper/budget.json``.
+* ``final``: every seed at every epsilon with that pick and budget, the mnist_paper
+  setting's overrides (release, FixMatch student), the teachers of the tuning runs
+  (``pate.holdout``, ``pate.teacher_seed=0``), evaluated on the test split; small files
+  copied to ``results/pate/runs/mnist_paper/final/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import dpsub  # noqa: F401
+except ImportError:  # a checkout without the package installed
+    sys.path.insert(0, str(ROOT / "src"))
+
+from dpsub import studies  # noqa: E402
+
+WORK = ROOT / "outputs" / "pate_study"
+RESULTS = ROOT / "results" / "pate" / "runs"
+NAME, FROM = "mnist_paper", "mnist_confident"
+COUNTS = tuple(range(500, 9001, 500))
+LIFTED = "privacy.epsilon=1000"  # the data-independent filter does not bind
+
+
+def _overrides(e: int, picks: dict) -> list[str]:
+    s = studies.PATE_SETTINGS[NAME]
+    return [*s.overrides, *s.shared, *studies.PATE_SETTINGS[FROM].grid[picks[e]], LIFTED]
+
+
+def budget() -> dict:
+    import numpy as np
+
+    from dpsub.config import compose
+    from dpsub.pate.cli import JsonlMetrics
+    from dpsub.pate.run import answer_queries, check_release, split, votes_key
+
+    picks, s, out = studies.pate_picks(FROM, WORK), studies.PATE_SETTINGS[NAME], {}
+    for e in s.epsilons:
+        base = [*_overrides(e, picks), f"seed={s.tune_seed}",
+                f"dataset.validation_size={s.validation_size}"]  # fmt: skip
+        released = {}
+        for n in COUNTS:
+            cfg, pate = split(compose([*base, f"pate.max_queries={n}"], config_name="dpsub_pate"))
+            check_release(pate, 10)
+            votes = np.load(Path(pate.votes_cache) / f"{votes_key(cfg, pate)}.npy")
+            with tempfile.TemporaryDirectory() as tmp:
+                st = answer_queries(cfg, pate, votes, 10, Path(tmp), JsonlMetrics(Path(tmp) / "m"))
+            released[n] = {"released_epsilon": st["release"]["epsilon"],
+                           "answered": len(st["labels"]), "epsilon": st["ledger"].epsilon()}  # fmt: skip
+            print(f"eps {e} {picks[e]} max_queries {n}: {released[n]}", flush=True)
+        within = [n for n in COUNTS if released[n]["released_epsilon"] <= e]
+        out[e] = {"pick": picks[e], "max_queries": max(within) if within else None,
+                  "counts": released}  # fmt: skip
+    dest = RESULTS / NAME / "budget.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def final(only: str | None) -> None:
+    from pate_study import run_one
+
+    s = studies.PATE_SETTINGS[NAME]
+    plan = json.loads((RESULTS / NAME / "budget.json").read_text())
+    picks = {int(e): v["pick"] for e, v in plan.items()}
+    for seed in s.seeds:
+        for e in s.epsilons:
+            n = plan[str(e)]["max_queries"]
+            run_dir = WORK / NAME / "final" / f"seed{seed}_eps{e}"
+            if n is None or (only and only not in run_dir.name):
+                continue
+            run_one(run_dir, [*_overrides(e, picks), f"pate.max_queries={n}",
+                              f"pate.holdout={s.validation_size}",
+                              f"pate.teacher_seed={s.tune_seed}", f"seed={seed}"])  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("stage", choices=("budget", "final"))
+    p.add_argument("--only", default=None, help="run only the dirs whose name contains this")
+    args = p.parse_args()
+    sys.path.insert(0, str(ROOT / "scripts"))
+    budget() if args.stage == "budget" else final(args.only)
+
+
+if __name__ == "__main__":
+    main()
