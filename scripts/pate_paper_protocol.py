@@ -3,6 +3,7 @@
     uv run python scripts/pate_paper_protocol.py budget    # queries per epsilon (tuning split)
     uv run python scripts/pate_paper_protocol.py final     # seeds x epsilons, semi-supervised
     uv run python scripts/pate_paper_protocol.py final --only seed0   # some run dirs only
+    uv run python scripts/pate_paper_protocol.py ablation --only seed0  # row (a) -> (b), a step at a time
 
 Needs the mnist_confident setting's tuning runs (``scripts/pate_study.py tune
 mnist_confident``: its teachers' votes in ``outputs/pate_votes`` and its picks).
@@ -18,6 +19,12 @@ mnist_confident``: its teachers' votes in ``outputs/pate_votes`` and its picks).
   setting's overrides (release, FixMatch student), the teachers of the tuning runs
   (``pate.holdout``, ``pate.teacher_seed=0``), evaluated on the test split; small files
   copied to ``results/pate/runs/mnist_paper/final/``.
+* ``ablation``: the steps between row (a) (GNMax, supervised student, data-independent
+  budget) and row (b), one change at a time, with the same teachers as row (b):
+  ``aggregator`` (Confident-GNMax's pick, supervised student, data-independent budget at
+  the target) and ``student`` (the same with the FixMatch student); the last step,
+  ``accounting`` (the budget by the released data-dependent epsilon), is row (b) itself.
+  Run dirs ``ablation/<step>_seed<s>_eps<e>``.
 """
 
 from __future__ import annotations
@@ -55,12 +62,15 @@ def budget() -> dict:
     from dpsub.pate.cli import JsonlMetrics
     from dpsub.pate.run import answer_queries, check_release, split, votes_key
 
-    picks, s, out = studies.pate_picks(FROM, WORK), studies.PATE_SETTINGS[NAME], {}
+    picks, s, out, memo = studies.pate_picks(FROM, WORK), studies.PATE_SETTINGS[NAME], {}, {}
     for e in s.epsilons:
         base = [*_overrides(e, picks), f"seed={s.tune_seed}",
                 f"dataset.validation_size={s.validation_size}"]  # fmt: skip
         released = {}
         for n in COUNTS:
+            if (picks[e], n) in memo:
+                released[n] = memo[(picks[e], n)]
+                continue
             cfg, pate = split(compose([*base, f"pate.max_queries={n}"], config_name="dpsub_pate"))
             check_release(pate, 10)
             votes = np.load(Path(pate.votes_cache) / f"{votes_key(cfg, pate)}.npy")
@@ -68,6 +78,7 @@ def budget() -> dict:
                 st = answer_queries(cfg, pate, votes, 10, Path(tmp), JsonlMetrics(Path(tmp) / "m"))
             released[n] = {"released_epsilon": st["release"]["epsilon"],
                            "answered": len(st["labels"]), "epsilon": st["ledger"].epsilon()}  # fmt: skip
+            memo[(picks[e], n)] = released[n]
             print(f"eps {e} {picks[e]} max_queries {n}: {released[n]}", flush=True)
         within = [n for n in COUNTS if released[n]["released_epsilon"] <= e]
         out[e] = {"pick": picks[e], "max_queries": max(within) if within else None,
@@ -95,13 +106,34 @@ def final(only: str | None) -> None:
                               f"pate.teacher_seed={s.tune_seed}", f"seed={seed}"])  # fmt: skip
 
 
+def ablation(only: str | None) -> None:
+    from pate_study import run_one
+
+    s, picks = studies.PATE_SETTINGS[FROM], studies.pate_picks(FROM, WORK)
+    semi = [o for o in studies.PATE_SETTINGS[NAME].overrides if o.startswith("pate.student.")]
+    steps = {"aggregator": [], "student": semi}
+    for seed in studies.PATE_SETTINGS[NAME].seeds:
+        for step, extra in steps.items():
+            for e in s.epsilons:
+                run_dir = WORK / NAME / "ablation" / f"{step}_seed{seed}_eps{e}"
+                if only and only not in run_dir.name:
+                    continue
+                run_one(run_dir, [*s.overrides, *s.shared, *s.grid[picks[e]], *extra,
+                                  f"pate.holdout={s.validation_size}",
+                                  f"pate.teacher_seed={s.tune_seed}", f"seed={seed}",
+                                  f"privacy.epsilon={e}"])  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("stage", choices=("budget", "final"))
+    p.add_argument("stage", choices=("budget", "final", "ablation"))
     p.add_argument("--only", default=None, help="run only the dirs whose name contains this")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT / "scripts"))
-    budget() if args.stage == "budget" else final(args.only)
+    if args.stage == "budget":
+        budget()
+    else:
+        (final if args.stage == "final" else ablation)(args.only)
 
 
 if __name__ == "__main__":
