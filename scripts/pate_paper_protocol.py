@@ -35,16 +35,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    import dpsub  # noqa: F401
-except ImportError:  # a checkout without the package installed
-    sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pate_study import RESULTS, WORK, run_one, studies  # noqa: E402
 
-from dpsub import studies  # noqa: E402
-
-WORK = ROOT / "outputs" / "pate_study"
-RESULTS = ROOT / "results" / "pate" / "runs"
 NAME, FROM = "mnist_paper", "mnist_confident"
 COUNTS = tuple(range(500, 9001, 500))
 LIFTED = "privacy.epsilon=1000"  # the data-independent filter does not bind
@@ -90,8 +83,6 @@ def budget() -> dict:
 
 
 def final(only: str | None) -> None:
-    from pate_study import run_one
-
     s = studies.PATE_SETTINGS[NAME]
     plan = json.loads((RESULTS / NAME / "budget.json").read_text())
     picks = {int(e): v["pick"] for e, v in plan.items()}
@@ -107,8 +98,6 @@ def final(only: str | None) -> None:
 
 
 def ablation(only: str | None) -> None:
-    from pate_study import run_one
-
     s, picks = studies.PATE_SETTINGS[FROM], studies.pate_picks(FROM, WORK)
     semi = [o for o in studies.PATE_SETTINGS[NAME].overrides if o.startswith("pate.student.")]
     steps = {"aggregator": [], "student": semi}
@@ -129,7 +118,6 @@ def main() -> None:
     p.add_argument("stage", choices=("budget", "final", "ablation"))
     p.add_argument("--only", default=None, help="run only the dirs whose name contains this")
     args = p.parse_args()
-    sys.path.insert(0, str(ROOT / "scripts"))
     if args.stage == "budget":
         budget()
     else:

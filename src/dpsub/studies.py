@@ -228,6 +228,9 @@ class PateSetting:
     )  # fmt: skip
 
 
+_MNIST_CONFIDENT = ("dataset=mnist", "model=mnist_cnn", "pate=confident", "pate.teachers=250",
+                    "pate.teacher.lr=0.01")  # fmt: skip
+
 PATE_SETTINGS = {
     "mnist": PateSetting(
         "mnist",
@@ -277,13 +280,7 @@ PATE_SETTINGS = {
     # setting's (same digest: pate.votes_cache shares them)
     "mnist_confident": PateSetting(
         "mnist",
-        (
-            "dataset=mnist",
-            "model=mnist_cnn",
-            "pate=confident",
-            "pate.teachers=250",
-            "pate.teacher.lr=0.01",
-        ),
+        _MNIST_CONFIDENT,
         {
             f"T{t}_s1{s1}_s2{s2}": (f"pate.threshold={t}", f"pate.sigma1={s1}", f"pate.sigma2={s2}")
             for t in (150, 200)
@@ -304,11 +301,7 @@ PATE_SETTINGS = {
     "mnist_paper": PateSetting(
         "mnist",
         (
-            "dataset=mnist",
-            "model=mnist_cnn",
-            "pate=confident",
-            "pate.teachers=250",
-            "pate.teacher.lr=0.01",
+            *_MNIST_CONFIDENT,
             "pate.release=smooth_sensitivity",
             "pate.student.semi_supervised=true",
             "pate.student.epochs=10",
