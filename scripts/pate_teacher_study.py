@@ -64,6 +64,22 @@ def train_and_eval(model_key, aug, part, t, data, val, epochs, log):
             log(epoch, acc)
 
 
+def table(path: Path) -> str:
+    """Mean (min) validation accuracy of the teachers per grid point and epoch."""
+    rows = [json.loads(line) for line in path.open()]
+    points = list(dict.fromkeys(r["point"] for r in rows))
+    cell = {
+        (r["point"], r["epochs"]): f"{100 * r['mean']:.1f} ({100 * r['min']:.1f})" for r in rows
+    }
+    lines = ["| point | " + " | ".join(f"{e} epochs" for e in CHECKPOINTS) + " | seconds |",
+             "|---|" + "---:|" * (len(CHECKPOINTS) + 1)]  # fmt: skip
+    for pt in points:
+        secs = next(r["seconds"] for r in rows if r["point"] == pt)
+        cells = [cell.get((pt, e), "–") for e in CHECKPOINTS]
+        lines.append(f"| {pt} | " + " | ".join(cells) + f" | {secs} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--teachers", type=int, default=10)
@@ -71,7 +87,11 @@ def main() -> None:
     p.add_argument("--val", type=int, default=2000)
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--table", action="store_true", help="print the table of <out> and exit")
     args = p.parse_args()
+    if args.table:
+        print(table(args.out / "teachers.jsonl"))
+        return
     cfg = compose(["dataset=mnist", "device=cpu", "logger=disabled"], config_name="dpsub_pate")
     data = carve_validation(load_data(cfg), 5000, 0)
     val = (data.test_x[: args.val], data.test_y[: args.val])
