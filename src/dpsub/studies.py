@@ -443,9 +443,38 @@ CORRECT_NOTE = (
 )
 
 
+#: the ablation from row (a) to row (b), one change at a time (scripts/pate_paper_protocol.py)
+PATE_ABLATION = (
+    ("row (a): GNMax, supervised student, data-independent budget", "mnist", "final/seed{s}_eps{e}"),
+    ("+ Confident-GNMax (its pick; row (b)'s teachers: hash partition, one ensemble)", "mnist_paper", "ablation/aggregator_seed{s}_eps{e}"),
+    ("+ semi-supervised student (FixMatch)", "mnist_paper", "ablation/student_seed{s}_eps{e}"),
+    ("+ budget by the released data-dependent epsilon = row (b)", "mnist_paper", "final/seed{s}_eps{e}"),
+)  # fmt: skip
+
+
+def _pate_ablation(root: Path) -> str:
+    """Test accuracy per ablation step and epsilon, each step Welch-tested against the last."""
+    eps = PATE_SETTINGS["mnist_paper"].epsilons
+    lines = ["| step | " + " | ".join(f"eps={e}: test acc (%), vs the step above" for e in eps) + " |",
+             "|---|" + "---|" * len(eps)]  # fmt: skip
+    last: dict[int, list[float]] = {}
+    for label, name, pattern in PATE_ABLATION:
+        cells = []
+        for e in eps:
+            runs = [RunDir(root / name / pattern.format(s=s, e=e)) for s in (0, 1, 2)]
+            accs = [100 * r.summary()["test_accuracy"] for r in runs if r.finished]
+            vs = stats.compare(last[e], accs).text() if last.get(e) and accs else "–"
+            cells.append(f"{stats.summarize(accs).text()}, {vs}")
+            last[e] = accs or last.get(e, [])  # a step without runs: compare with the one above
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(["Ablation (mnist, row (a) to row (b)):", "", *lines]) + "\n"
+
+
 def pate(root: Path) -> str:
     """Every PATE setting with runs under ``root`` (``results/pate/runs``)."""
     out = [_pate_setting(n, root) for n in PATE_SETTINGS if (Path(root) / n).is_dir()]
+    if (Path(root) / "mnist_paper" / "ablation").is_dir():
+        out.append(_pate_ablation(Path(root)))
     return "\n".join(out) if out else "No PATE runs yet.\n"
 
 

@@ -82,3 +82,14 @@ def test_the_paper_protocol_row_shows_the_released_epsilon_and_a_welch_test(tmp_
     )
     assert "96.00 ± 1.00" in row and "6.100" in row and "1.930" in row
     assert "+24.00" in row  # the Welch test against row (a): 96 - 72
+
+
+def test_the_ablation_compares_each_step_with_the_one_above(tmp_path):
+    for seed, (a, b) in enumerate(((0.70, 0.80), (0.72, 0.81), (0.74, 0.82))):
+        _run(tmp_path / "mnist" / "final" / f"seed{seed}_eps2", test_accuracy=a)
+        _run(tmp_path / "mnist_paper" / "ablation" / f"aggregator_seed{seed}_eps2", test_accuracy=b)
+    _run(tmp_path / "mnist_paper" / "final" / "seed0_eps2", test_accuracy=0.9)
+    text = studies._pate_ablation(tmp_path)
+    lines = text.splitlines()
+    assert "72.00 ± 2.00" in lines[4] and "+9.00" in lines[5]  # Welch: 81 - 72
+    assert "90.00 (1), +9.00 (n/a: < 2 seeds)" in lines[7]  # the student step has no runs
