@@ -595,6 +595,14 @@ MUTANTS = (
         ("tests/unit/test_pate.py", "-k", "overlaps"),
     ),
     Mutant(
+        "pate-student-reads-the-private-training-set",
+        "src/dpsub/pate/student.py",
+        "return public_x[labels[:, 0]], labels[:, 1], public_x[~answered]",
+        "return public_x[labels[:, 0]], labels[:, 1], torch.cat([public_x[~answered], "
+        "pools.train_x[:8]])",
+        ("tests/unit/test_pate_student.py", "-k", "never_reads"),
+    ),
+    Mutant(
         "pate-smooth-local-sensitivity-halved",
         "src/dpsub/pate/smooth.py",
         "return BoundGrid(step, r, b, np.maximum(np.maximum(up, down), 0.0))",
