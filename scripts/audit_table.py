@@ -6,7 +6,7 @@
     uv run python scripts/audit_table.py table               # table.md + lower_vs_upper.png
     uv run python scripts/audit_table.py pate                # PATE's aggregators (audit=pate)
 
-A thin wrapper over dpsub.audit.cli.run_audit; the setting is SETTING below.
+A thin wrapper over dpsub.cli.audit.run_audit; the setting is SETTING below.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def overrides(name: str, eps: int) -> list[str]:
 
 
 def run(only: str | None) -> None:
-    from dpsub.audit.cli import run_audit
+    from dpsub.cli.audit import run_audit
     from dpsub.config import compose
 
     for name in MECHANISMS:
@@ -102,13 +102,13 @@ def dist() -> None:
         d = OUT / f"{DIST}_eps{eps}"
         if (d / "audit.json").is_file():
             continue
-        args = ["torchrun", "--nproc_per_node", "2", "-m", "dpsub.audit.cli",
+        args = ["torchrun", "--nproc_per_node", "2", "-m", "dpsub.cli.audit",
                 *overrides("dpsgd-vmap", eps), "device=cpu", f"out_dir={d}"]  # fmt: skip
         subprocess.run(args, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def onerun() -> None:
-    from dpsub.audit.cli import run_audit
+    from dpsub.cli.audit import run_audit
     from dpsub.config import compose
 
     for name, extra in ONERUN.items():
@@ -136,7 +136,7 @@ PATE_SETTING = ("audit=pate", "logger=disabled", "audit.leads=[25,26,27,28,29,30
 
 
 def pate() -> None:
-    from dpsub.audit.cli import run_audit
+    from dpsub.cli.audit import run_audit
     from dpsub.config import compose
 
     for name, extra in PATE.items():

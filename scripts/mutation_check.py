@@ -73,7 +73,7 @@ MUTANTS = (
     ),
     Mutant(
         "pate-data-dependent-epsilon-still-covered",
-        "src/dpsub/pate/cli.py",
+        "src/dpsub/cli/pate.py",
         '"covered_by_epsilon": not dd,',
         '"covered_by_epsilon": True,',
         ("tests/integration/test_pate_run.py",),
@@ -231,7 +231,7 @@ MUTANTS = (
     ),
     Mutant(
         "sweep-job-dir-named-by-a-resumable-setting",
-        "src/dpsub/sweeps.py",
+        "src/dpsub/cli/sweeps.py",
         "    excluded = excluded or may_change\n",
         "    excluded = excluded or (lambda k: k in _EXCLUDED_BEFORE)\n",
         ("tests/unit/test_sweep_dirs.py",),
@@ -252,7 +252,7 @@ MUTANTS = (
     ),
     Mutant(
         "sweep-job-without-checkpoint-started-again-as-new",
-        "src/dpsub/sweeps.py",
+        "src/dpsub/cli/sweeps.py",
         "        return train_fn(cfg, run_dir, RunDir(run_dir).started)",
         "        return train_fn(cfg, run_dir, RunDir(run_dir).has_checkpoint)",
         ("tests/integration/test_sweeps.py", "-k", "began"),

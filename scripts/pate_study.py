@@ -5,7 +5,7 @@
     uv run python scripts/pate_study.py tune mnist --only eps2   # run dirs whose name has "eps2"
     uv run python scripts/make_table.py --study pate        # the table (results/pate/README.md)
 
-A thin wrapper over dpsub.studies (PATE_SETTINGS, the picks) and dpsub.pate.cli.run_pate.
+A thin wrapper over dpsub.studies (PATE_SETTINGS, the picks) and dpsub.cli.pate.run_pate.
 Runs go to outputs/pate_study/ (their private/votes.npy stays there); a finished run's
 config.yaml, summary.json, metrics.jsonl and train.log are copied under results/pate/runs/.
 A finished run is not run again.
@@ -31,9 +31,9 @@ RESULTS = ROOT / "results" / "pate" / "runs"
 
 
 def run_one(run_dir: Path, overrides: list[str]) -> None:
+    from dpsub.cli.common import configure_logging
+    from dpsub.cli.pate import run_pate
     from dpsub.config import compose
-    from dpsub.pate.cli import run_pate
-    from dpsub.train import configure_logging
 
     dest = RESULTS / run_dir.relative_to(WORK)
     if not RunDir(run_dir).finished:

@@ -61,6 +61,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from dpsub import costs, runs, tables  # noqa: E402
 from dpsub.commands import how_to_run  # noqa: E402
 from dpsub.errors import ConfigError  # noqa: E402
+from dpsub.overrides import quote_value  # noqa: E402
 from dpsub.paths import conf_dir, project_root  # noqa: E402
 
 log = logging.getLogger("dpsub.reproduce")
@@ -281,19 +282,19 @@ def launch(jobs: list[tables.Job], sweep_dir: Path, hydra_ov: list[str]) -> None
     (sweep_dir / "jobs.json").write_text(json.dumps(spec, indent=1))
     index = ",".join(str(i) for i in range(len(jobs)))
     sys.argv = [
-        sys.argv[0], "-m", f"hydra.sweep.dir={tables._quote(str(sweep_dir))}",
-        f"+reproduce.jobs={tables._quote(str(sweep_dir / 'jobs.json'))}",
+        sys.argv[0], "-m", f"hydra.sweep.dir={quote_value(str(sweep_dir))}",
+        f"+reproduce.jobs={quote_value(str(sweep_dir / 'jobs.json'))}",
         f"+reproduce.index={index}", *hydra_ov,
     ]  # fmt: skip
     hydra_main()
 
 
 def _task(cfg: DictConfig) -> float:
-    """One job: compose its config, then train, resume or skip it (dpsub.sweeps.run_job:
+    """One job: compose its config, then train, resume or skip it (dpsub.cli.sweeps.run_job:
     a failure is logged and recorded in the sweep folder; the other jobs go on)."""
+    from dpsub.cli.sweeps import run_job
+    from dpsub.cli.train import train_run
     from dpsub.config import compose
-    from dpsub.sweeps import run_job
-    from dpsub.train import train_run
 
     job = json.loads(Path(cfg.reproduce.jobs).read_text())[int(cfg.reproduce.index)]
     jcfg = compose(job["overrides"])  # validated by compose_all (Hydra: hydra_main's)

@@ -31,12 +31,12 @@ LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT
 
 
 def cli_command(*overrides: str, run_dir: Path | None = None, env: dict | None = None):
-    """argv and environment for ``python -m dpsub.train`` (W&B disabled unless overridden)."""
+    """argv and environment for ``python -m dpsub.cli.train`` (W&B disabled unless overridden)."""
     flags = [o for o in overrides if o.startswith("-")]
     args = [
         sys.executable,
         "-m",
-        "dpsub.train",
+        "dpsub.cli.train",
         *flags,
         "logger.mode=disabled",
         "train.progress=false",
@@ -58,14 +58,14 @@ def run_cli(
     check: bool = True,
     env: dict | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run ``python -m dpsub.train`` with overrides and wait for it."""
+    """Run ``python -m dpsub.cli.train`` with overrides and wait for it."""
     args, full_env = cli_command(*overrides, run_dir=run_dir, env=env)
     proc = subprocess.run(
         args, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=full_env
     )
     if check and proc.returncode != 0:
         raise AssertionError(
-            f"dpsub.train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+            f"dpsub.cli.train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
     return proc
 

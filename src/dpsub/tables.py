@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsub.errors import ConfigError
+from dpsub.overrides import quote_value
 from dpsub.paths import conf_dir
 from dpsub.runs import SUMMARY
 
@@ -402,12 +403,11 @@ class Job:
     def hydra_overrides(self) -> list[str]:
         """Everything that composes this job's config, run dir included."""
         run_name = f"{self.table}-{self.setting}-{self.variant}-{self.name}"
-        return [*self.overrides, f"out_dir={_quote(str(self.dir))}", f"run_name={_quote(run_name)}"]
-
-
-def _quote(value: str) -> str:
-    """A Hydra override value that may hold ``=`` and ``,``."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return [
+            *self.overrides,
+            f"out_dir={quote_value(str(self.dir))}",
+            f"run_name={quote_value(run_name)}",
+        ]
 
 
 def finished(run_dir: Path) -> bool:

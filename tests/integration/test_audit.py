@@ -215,7 +215,7 @@ def audit_cfg(*overrides: str):
 
 
 def test_audit_writes_audit_json_beside_the_summary_and_a_log_line(tmp_path) -> None:
-    from dpsub.audit.cli import run_audit
+    from dpsub.cli.audit import run_audit
 
     run_audit(audit_cfg(*TINY, "audit.trials=20000"), tmp_path / "a")
     report = json.loads((tmp_path / "a" / "audit.json").read_text())
@@ -239,7 +239,7 @@ def test_audit_writes_audit_json_beside_the_summary_and_a_log_line(tmp_path) -> 
     ],
 )
 def test_bad_audit_option_is_one_line_and_exit_2(tmp_path, capsys, bad: str) -> None:
-    from dpsub.audit.cli import run_audit
+    from dpsub.cli.audit import run_audit
 
     with pytest.raises(SystemExit) as exc:
         run_audit(audit_cfg(*TINY, bad), tmp_path / "b")
@@ -249,7 +249,7 @@ def test_bad_audit_option_is_one_line_and_exit_2(tmp_path, capsys, bad: str) -> 
 
 
 def test_onerun_audit_end_to_end_on_a_tiny_run(tmp_path) -> None:
-    from dpsub.audit.cli import run_audit
+    from dpsub.cli.audit import run_audit
 
     cfg = audit_cfg(
         "dataset=synthetic", "dataset.synthetic.n_train=200", "dataset.synthetic.n_test=50",

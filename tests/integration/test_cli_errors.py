@@ -1,7 +1,7 @@
 """Mistakes on the command line: one line on stderr naming the culprit, exit code 2, nothing
 written, and (where the mistake is in the config) no torch import, so no 20 s wait.
 
-Each case drives the real entrypoint (``python -m dpsub.train``, conftest.cli_command).
+Each case drives the real entrypoint (``python -m dpsub.cli.train``, conftest.cli_command).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ CONF = REPO / "conf"
 @pytest.fixture(scope="module")
 def help_text() -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "dpsub.train", "hydra/help=dpsub", "--help"],
+        [sys.executable, "-m", "dpsub.cli.train", "hydra/help=dpsub", "--help"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -11,9 +11,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from dpsub.cli.pate import run_pate
 from dpsub.config import compose
 from dpsub.pate import run as pate_run
-from dpsub.pate.cli import run_pate
 from dpsub.pate.teachers import TeacherOptions, train_chunk
 
 from conftest import REPO
@@ -128,7 +128,7 @@ def test_pate_end_to_end_and_resume(tmp_path, monkeypatch):
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, arg, key):
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "dpsub.pate.cli", arg, f"out_dir={out}", "logger=disabled"],
+        [sys.executable, "-m", "dpsub.cli.pate", arg, f"out_dir={out}", "logger=disabled"],
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]

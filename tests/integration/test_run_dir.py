@@ -165,7 +165,7 @@ def test_ctrl_c_before_the_first_step_leaves_no_run_dir(tmp_path, monkeypatch):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("command", ["dpsub.train", "dpsub.audit.cli", "dpsub.pate.cli"])
+@pytest.mark.parametrize("command", ["dpsub.cli.train", "dpsub.cli.audit", "dpsub.cli.pate"])
 def test_ctrl_c_is_one_line_and_exit_130(command, monkeypatch, capsys):
     """A 77-line traceback before (issue 36); the end-to-end SIGINT is tests/e2e."""
     import importlib

@@ -19,9 +19,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from dpsub.cli.common import CONF_DIR, fail, interruptible, job_dir
 from dpsub.errors import ConfigError
 from dpsub.runs import CONFIG, LOG, SUMMARY
-from dpsub.train import CONF_DIR, fail, interruptible, job_dir
 
 log = logging.getLogger("dpsub")
 
@@ -156,7 +156,7 @@ def cli() -> None:
     """Unknown groups, options and training keys: one line and exit 2 (as dpsub-train)."""
     import sys
 
-    from dpsub.train import check_args, run_dir_arg
+    from dpsub.cli.common import check_args, run_dir_arg
 
     sys.argv[1:] = args = run_dir_arg(sys.argv[1:])
     check_args(args, config_name="dpsub_audit")

@@ -19,7 +19,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from dpsub.train import CONF_DIR, fail, interruptible, job_dir
+from dpsub.cli.common import CONF_DIR, fail, interruptible, job_dir
 
 log = logging.getLogger("dpsub")
 
@@ -175,8 +175,8 @@ def main(cfg: DictConfig) -> float:
 
 def resume(args: list[str]) -> None:
     """``resume=<run dir>`` alone: the run's own config; what is saved is not redone."""
+    from dpsub.cli.common import configure_logging
     from dpsub.errors import ResumeError
-    from dpsub.train import configure_logging
 
     run_dir = Path(args[0].split("=", 1)[1])
     saved = run_dir / "config.yaml"
@@ -191,7 +191,7 @@ def resume(args: list[str]) -> None:
 @interruptible
 def cli() -> None:
     """Unknown groups, options and training keys: one line and exit 2 (as dpsub-train)."""
-    from dpsub.train import check_args, run_dir_arg
+    from dpsub.cli.common import check_args, run_dir_arg
 
     args = sys.argv[1:]
     if any(a.startswith("resume=") for a in args):

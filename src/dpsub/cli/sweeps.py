@@ -1,6 +1,6 @@
 """Hydra sweeps (``dpsub-train -m ...``) that survive a bad job and can be continued.
 
-Before any job starts (:func:`check_jobs`, torch-free, called by ``dpsub.train.cli``):
+Before any job starts (:func:`check_jobs`, torch-free, called by ``dpsub.cli.train.cli``):
 every job's config is composed and validated and its data files, W&B key and device
 are checked (:func:`dpsub.config.check_environment`); each failing job is one line on stderr, no
 job starts, exit code 2. Otherwise the plan of every job is printed and the sweep's
@@ -79,7 +79,7 @@ def check_jobs(jobs: list[list[str]], hydra_overrides: list[str]) -> str | None:
 
 
 def plan_of(cfg: DictConfig) -> str:
-    from dpsub.train import plan_line
+    from dpsub.cli.train import plan_line
 
     return plan_line(cfg).removeprefix("plan: ")
 
@@ -208,7 +208,7 @@ def continue_args(sweep_dir: Path, extra: list[str]) -> list[str]:
         for o in saved.hydra.overrides.hydra
         if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))
     ]
-    from dpsub.tables import _quote
+    from dpsub.overrides import quote_value
     from dpsub.training.checkpoint import may_change
 
     bad = [a for a in extra if "=" not in a or not may_change(a.lstrip("+~").split("=")[0])]
@@ -225,7 +225,7 @@ def continue_args(sweep_dir: Path, extra: list[str]) -> list[str]:
         )
     keys = {a.split("=")[0] for a in extra}
     task = [o for o in task if o.split("=")[0] not in keys]  # the new value, once
-    return ["-m", *task, *hydra_ov, *extra, f"hydra.sweep.dir={_quote(str(sweep_dir))}"]
+    return ["-m", *task, *hydra_ov, *extra, f"hydra.sweep.dir={quote_value(str(sweep_dir))}"]
 
 
 def _is_sweep(override: str) -> bool:

@@ -13,7 +13,7 @@ so a finished tuning grid brings its extension or its picks into the same comman
 
 Each cell is an ordinary table job (:func:`dpsub.tables.plan_jobs`: its run dir is where
 ``scripts/reproduce.py`` puts it, ``results/tables/<table>/<setting>/<variant>/<cell>``),
-trained by ``python -m dpsub.train`` in a child process that checkpoints every
+trained by ``python -m dpsub.cli.train`` in a child process that checkpoints every
 ``checkpoint_every`` steps. The runner packs the cells it touched into ``$OUT/cells.tar``
 after every new checkpoint, and sends SIGTERM before its deadline (the trainer finishes the
 step, checkpoints and exits), so a cell continues exactly where it stopped: ``--harvest``
@@ -171,7 +171,7 @@ class CellRunner:
         self.log_file = Path(self.work or self.tar_path.parent) / "cells.log"
 
     def argv(self, job) -> list[str]:
-        base = [sys.executable, "-m", "dpsub.train"]
+        base = [sys.executable, "-m", "dpsub.cli.train"]
         keep = [f"train.checkpoint_every={self.checkpoint_every}"]
         if self.data_root:
             keep.append(f"data.root={self.data_root}")
