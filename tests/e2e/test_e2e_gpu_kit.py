@@ -7,8 +7,8 @@ import re
 import shutil
 from pathlib import Path
 
-from dpsub.gpu import kit, stage
-from dpsub.gpu.harvest import harvest
+from dpsub.experiments.gpu import kit, stage
+from dpsub.experiments.gpu.harvest import harvest
 
 
 def test_tiny_kit_tunes_then_runs_the_picks_in_one_command(tmp_path, monkeypatch):

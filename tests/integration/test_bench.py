@@ -17,10 +17,7 @@ SCRIPT = ROOT / "scripts" / "bench.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("dpsub_bench_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("dpsub.experiments.benchmark")
 
 
 def test_the_timed_step_is_the_trainers_and_configs_come_from_hydra(bench):

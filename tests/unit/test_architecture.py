@@ -42,25 +42,22 @@ LAYERS = {
     "config": 6,  # validates the declarations of mechanisms, data and models
     "eval": 6,  # evaluations of a trained model (not of the training loop)
     "training": 7,
-    "tables": 7,  # study tables (dpsub-reproduce, sweeps)
-    "costs": 8,  # what a table's jobs cost: N, steps, step times (reproduce --dry-run)
     "overrides": 1,  # command-line overrides checked against conf/ (torch-free)
-    "commands": 8,  # console commands that run the scripts
     "audit": 10,  # privacy audits of the real training step and of PATE's aggregators
     "runs": 0,  # a run folder's file names and loading (no torch)
-    "stats": 0,  # intervals and tests over seeds (no torch)
-    "studies": 7,  # the studies' tables rendered from run folders
-    "gpu": 9,  # the GPU kit (staging, smoke, bench, table cells): drives the CLI
     "pate": 9,  # PATE: teachers, aggregators, its own ledger and entry point
-    "bench": 9,  # benchmark helpers: other frameworks' steps (peers), cost-growth plots
     "api": 20,  # the Python API (tier 2)
     "cli": 30,  # the command line: dpsub-train, -audit, -pate, sweeps (tier 3)
+    # the research tooling (tier 3): paper tables, studies, costs, statistics, the benchmark,
+    # the GPU kit, the installed dpsub-reproduce / -table / -summarize / -plot / -mia; it
+    # drives the command line's runs (reproduce runs its jobs as dpsub-train's sweeps do)
+    "experiments": 31,
 }
 
 #: The three tiers, by the rank a package has above: the core, the API, the front ends.
 TIERS = {"core": range(0, 20), "api": range(20, 30), "front": range(30, 50)}
 #: The front ends' packages (the command line, the research tooling) and nothing else.
-FRONT = {"cli"}
+FRONT = {"cli", "experiments"}
 
 #: Modules that are one concern with another.
 SAME_ROOM: dict[str, str] = {}
@@ -266,8 +263,8 @@ def test_run_dir_file_names_come_from_runs():
     """``summary.json``, ``config.yaml``... are named in dpsub/runs.py (RunDir), not spelled
     out across the code (PATE's and the GPU kit's own writers aside, for now)."""
     names = r"[\"'](summary\.json|metrics\.jsonl|train\.log|checkpoint\.pt|mia\.json|validation\.json)[\"']"
-    pending = {"src/dpsub/runs.py", "src/dpsub/cli/pate.py", "src/dpsub/gpu/cells.py",
-               "scripts/pdpsgd_study.py"}  # fmt: skip
+    pending = {"src/dpsub/runs.py", "src/dpsub/cli/pate.py", "src/dpsub/experiments/gpu/cells.py",
+               "src/dpsub/experiments/pdpsgd_study.py"}  # fmt: skip
     assert _grep(names, _py("src/dpsub", "scripts"), pending) == []
 
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from dpsub.paths import project_root
+
+ROOT = project_root()  # the repository (an install: the working directory)
+
 OUT = ROOT / "results" / "audit" / "runs"
 EPSILONS = (1, 2, 4, 8)
 #: one full-batch step (q = 1) of LeNet on 64 MNIST training images
@@ -226,13 +228,14 @@ def plot(pts) -> None:
     fig.savefig(OUT.parent / "lower_vs_upper.png", dpi=120)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int | None:
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=["run", "dist", "onerun", "table", "pate"])
     ap.add_argument("--only")
-    a = ap.parse_args()
-    sys.exit(
-        {"run": lambda: run(a.only), "dist": dist, "onerun": onerun, "table": table, "pate": pate}[
-            a.what
-        ]()
-    )
+    a = ap.parse_args(argv)
+    jobs = {"run": lambda: run(a.only), "dist": dist, "onerun": onerun, "table": table}
+    return {**jobs, "pate": pate}[a.what]()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,7 +3,7 @@
 Each setting of the two sweeps is one interleaved ``scripts/bench.py`` run of the same rows:
 non-private, DP-SGD (ghost), GEP tracked (per-example rows from the ghost backend: ``num_bases``, ``aux_size`` anchors, a
 warm-started refit every ``subspace_every`` steps, timed over a multiple of it, mean =
-amortized) and RGP (ghost). Library: :mod:`dpsub.bench.scaling`.
+amortized) and RGP (ghost). Library: :mod:`dpsub.experiments.bench.scaling`.
 
 Usage::
 
@@ -21,10 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402  (scripts/bench.py: the timing code)
-
-from dpsub.bench import scaling  # noqa: E402
+from dpsub.experiments import benchmark as bench  # the timing code (scripts/bench.py)
+from dpsub.experiments.bench import scaling  # noqa: E402
 
 
 def bench_argv(s: scaling.Setting, args, out: Path) -> list[str]:

@@ -27,7 +27,7 @@ MECH.KEY=VALUE`` only for MECH; ``--variant MECH:KEY=VALUE,...`` adds one more r
 MECH with those options (e.g. GEP at two subspace cadences in one interleaved run);
 ``MECH@BACKEND:...`` gives that row its own backend; ``--override`` passes any Hydra
 override to every run. ``--peers`` adds other frameworks' private steps (Opacus, the GEP
-authors' code, fastDP): :mod:`dpsub.bench.peers`, docs/speed.md.
+authors' code, fastDP): :mod:`dpsub.experiments.bench.peers`, docs/speed.md.
 Mechanisms that need auxiliary data get ``aux=gaussian`` with ``--aux-size`` examples.
 
 Memory is measured on separate, untimed steps before the warmup (``--memory-steps``; the
@@ -64,22 +64,18 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    import dpsub  # noqa: F401
-except ImportError:  # running from a checkout without the package installed
-    sys.path.insert(0, str(ROOT / "src"))
+from dpsub.config import validate
+from dpsub.experiments.bench import peers as peer_lib
+from dpsub.grads import BACKENDS
+from dpsub.mechanisms.options import SPECS
+from dpsub.models import count_parameters
+from dpsub.paths import project_root
+from dpsub.runs import cpu_name, git_commit
+from dpsub.training.run import build_run, train_step
 
-from dpsub.bench import peers as peer_lib  # noqa: E402
-from dpsub.config import validate  # noqa: E402
-from dpsub.grads import BACKENDS  # noqa: E402
-
+ROOT = project_root()  # the repository (an install: the working directory)
 #: a backend, or vmap with grads.compile=true (torch.compile of the per-example function)
 CHOICES = (*BACKENDS, "vmap+compile")
-from dpsub.mechanisms.options import SPECS  # noqa: E402
-from dpsub.models import count_parameters  # noqa: E402
-from dpsub.runs import cpu_name, git_commit  # noqa: E402
-from dpsub.training.run import build_run, train_step  # noqa: E402
 
 CONF = ROOT / "conf"
 MNIST_MODELS = ("mnist_cnn", "lenet")

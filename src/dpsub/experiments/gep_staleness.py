@@ -1,6 +1,6 @@
 """How stale may GEP's anchor subspace be on ResNet20 / CIFAR-10? (issue 37, docs/methods.md)
 
-Library: :mod:`dpsub.bench.staleness` (the trajectory, the fits, the decision rule).
+Library: :mod:`dpsub.experiments.bench.staleness` (the trajectory, the fits, the decision rule).
 
     python scripts/gep_staleness.py --out results/gep-staleness/resnet20-cifar10 data.root=DIR
 """
@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from dpsub.bench import staleness
+from dpsub.experiments.bench import staleness
 from dpsub.runs import METRICS
 
 

@@ -23,10 +23,10 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))  # the GPU machine has no dpsub installed
+from dpsub.experiments.gpu import cells, kit, stage
+from dpsub.paths import project_root
 
-from dpsub.gpu import cells, kit, stage  # noqa: E402
+ROOT = project_root()  # the repository (an install: the working directory)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"would travel: {total / stage.MiB:.1f} MiB of {stage.CARRY_LIMIT // stage.MiB}")
             return 0 if total <= stage.CARRY_LIMIT else 1
         if a.harvest:
-            from dpsub.gpu.harvest import harvest
+            from dpsub.experiments.gpu.harvest import harvest
 
             for line in harvest(a.harvest, a.root):
                 print(line)

@@ -23,20 +23,14 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    import dpsub  # noqa: F401
-except ImportError:  # running from a checkout without the package installed
-    sys.path.insert(0, str(ROOT / "src"))
-
-from dpsub.config import typed_group  # noqa: E402
-from dpsub.data import load_dataset  # noqa: E402
-from dpsub.data.datasets import _subset_indices  # noqa: E402  (the trainer's own subset)
-from dpsub.data.subsets import balanced_pick  # noqa: E402
-from dpsub.models import build_model  # noqa: E402
-from dpsub.runs import CHECKPOINT, CONFIG, VALIDATION  # noqa: E402
-from dpsub.training.checkpoint import data_fingerprint, load_checkpoint  # noqa: E402
-from dpsub.training.trainer import evaluate  # noqa: E402
+from dpsub.config import typed_group
+from dpsub.data import load_dataset
+from dpsub.data.datasets import _subset_indices  # the trainer's own subset
+from dpsub.data.subsets import balanced_pick
+from dpsub.models import build_model
+from dpsub.runs import CHECKPOINT, CONFIG, VALIDATION
+from dpsub.training.checkpoint import data_fingerprint, load_checkpoint
+from dpsub.training.trainer import evaluate
 
 
 def fail(msg: str) -> None:

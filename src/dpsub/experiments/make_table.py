@@ -21,7 +21,7 @@ covered by its epsilon). Each run's config.yaml, summary.json and metrics.jsonl 
 cached public_projection.json) are copied beside the table, checkpoints are not.
 
 ``--study speed|rgp|dphero|pate [--collect DIR]`` prints the table of ``results/<study>/README.md``
-from ``results/<study>/runs`` (``dpsub.studies``), after copying in the finished runs under DIR.
+from ``results/<study>/runs`` (``dpsub.experiments.studies``), after copying in the finished runs under DIR.
 
 Override arguments (``train.epochs=3``) select the folder of runs reproduce.py made with
 the same overrides. A missing table or setting is one line on stderr and exit code 2.
@@ -35,23 +35,17 @@ import math
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    import dpsub  # noqa: F401
-except ImportError:  # a checkout without the package installed
-    sys.path.insert(0, str(ROOT / "src"))
-
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from dpsub import stats, studies, tables  # noqa: E402
-from dpsub.commands import how_to_run  # noqa: E402
-from dpsub.errors import ConfigError  # noqa: E402
-from dpsub.paths import project_root  # noqa: E402
-from dpsub.privacy.simulate import NOT_A_GUARANTEE  # noqa: E402
-from dpsub.runs import CHECKPOINT, RunDir, provenance  # noqa: E402
+from dpsub.errors import ConfigError
+from dpsub.experiments import stats, studies, tables
+from dpsub.experiments.commands import how_to_run
+from dpsub.paths import project_root
+from dpsub.privacy.simulate import NOT_A_GUARANTEE
+from dpsub.runs import CHECKPOINT, RunDir, provenance
 
 PROJECTION = "public_projection.json"
 PROVENANCE = "provenance.json"
@@ -805,5 +799,10 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console command (pyproject.toml's [project.scripts])."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -21,14 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    import dpsub  # noqa: F401
-except ImportError:  # a checkout without the package installed
-    sys.path.insert(0, str(ROOT / "src"))
-
-from dpsub import runs  # noqa: E402
-from dpsub.runs import CHECKPOINT, CONFIG, MIA, SUMMARY, RunDir  # noqa: E402
+from dpsub import runs
+from dpsub.runs import CHECKPOINT, CONFIG, MIA, SUMMARY, RunDir
 
 
 class RunError(Exception):
@@ -106,5 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console command (pyproject.toml's [project.scripts])."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

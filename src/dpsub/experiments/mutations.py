@@ -20,9 +20,10 @@ import argparse
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from dpsub.paths import project_root
+
+ROOT = project_root()  # the repository (an install: the working directory)
 
 
 @dataclass(frozen=True)
@@ -602,7 +603,7 @@ MUTANTS = (
     ),
     Mutant(
         "tune-extension-chosen-on-test-accuracy",
-        "src/dpsub/tables.py",
+        "src/dpsub/experiments/tables.py",
         'scores = [read_summary(j.dir).get("validation_accuracy", -math.inf) for j in jobs]',
         'scores = [read_summary(j.dir).get("test_accuracy", -math.inf) for j in jobs]',
         ("tests/integration/test_gpu_kit.py", "-k", "extends_its_edge"),

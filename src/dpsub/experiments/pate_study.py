@@ -5,7 +5,7 @@
     uv run python scripts/pate_study.py tune mnist --only eps2   # run dirs whose name has "eps2"
     uv run python scripts/make_table.py --study pate        # the table (results/pate/README.md)
 
-A thin wrapper over dpsub.studies (PATE_SETTINGS, the picks) and dpsub.cli.pate.run_pate.
+A thin wrapper over dpsub.experiments.studies (PATE_SETTINGS, the picks) and dpsub.cli.pate.run_pate.
 Runs go to outputs/pate_study/ (their private/votes.npy stays there); a finished run's
 config.yaml, summary.json, metrics.jsonl and train.log are copied under results/pate/runs/.
 A finished run is not run again.
@@ -17,14 +17,11 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    import dpsub  # noqa: F401
-except ImportError:  # a checkout without the package installed
-    sys.path.insert(0, str(ROOT / "src"))
+from dpsub.experiments import studies
+from dpsub.paths import project_root
+from dpsub.runs import RunDir
 
-from dpsub import studies  # noqa: E402
-from dpsub.runs import RunDir  # noqa: E402
+ROOT = project_root()  # the repository (an install: the working directory)
 
 WORK = ROOT / "outputs" / "pate_study"
 RESULTS = ROOT / "results" / "pate" / "runs"

@@ -18,22 +18,28 @@ from dpsub.pate.teachers import TeacherOptions, predict_chunk, train_chunk
 from dpsub.pate.votes import members, partition
 from dpsub.training.run import load_data
 
-cfg = compose(["dataset=mnist", "device=cpu", "logger=disabled"], config_name="dpsub_pate")
-data = carve_validation(load_data(cfg), 5000, 0)
-parts = [torch.as_tensor(m) for m in members(partition(len(data.train_y), 250, 0), 250)][:10]
+
+def main(argv: list[str] | None = None) -> None:
+    """Train the first 10 teachers with each ``lr:epochs`` pair and print their accuracy."""
+    cfg = compose(["dataset=mnist", "device=cpu", "logger=disabled"], config_name="dpsub_pate")
+    data = carve_validation(load_data(cfg), 5000, 0)
+    parts = [torch.as_tensor(m) for m in members(partition(len(data.train_y), 250, 0), 250)][:10]
+
+    def mk():
+        return build_model("mnist_cnn", data.in_shape, 10)
+
+    pairs = sys.argv[1:] if argv is None else argv
+    for lr, ep in [(float(a), int(b)) for a, b in (s.split(":") for s in pairs)]:
+        opts = TeacherOptions(epochs=ep, batch_size=32, lr=lr, momentum=0.9, chunk=10)
+        base, p, b = train_chunk(mk, data.train_x, data.train_y, parts, 0, 0, opts)
+        pred = predict_chunk(base, p, b, data.test_x, 200)
+        acc = (pred == data.test_y.numpy()[None]).mean(1)
+        print(
+            f"lr {lr} epochs {ep}: validation accuracy of 10 teachers "
+            f"mean {acc.mean():.3f} min {acc.min():.3f}",
+            flush=True,
+        )
 
 
-def mk():
-    return build_model("mnist_cnn", data.in_shape, 10)
-
-
-for lr, ep in [(float(a), int(b)) for a, b in (s.split(":") for s in sys.argv[1:])]:
-    opts = TeacherOptions(epochs=ep, batch_size=32, lr=lr, momentum=0.9, chunk=10)
-    base, p, b = train_chunk(mk, data.train_x, data.train_y, parts, 0, 0, opts)
-    pred = predict_chunk(base, p, b, data.test_x, 200)
-    acc = (pred == data.test_y.numpy()[None]).mean(1)
-    print(
-        f"lr {lr} epochs {ep}: validation accuracy of 10 teachers "
-        f"mean {acc.mean():.3f} min {acc.min():.3f}",
-        flush=True,
-    )
+if __name__ == "__main__":
+    main()

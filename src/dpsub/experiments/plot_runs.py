@@ -21,16 +21,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
+import matplotlib.pyplot as plt
+from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    import dpsub  # noqa: F401
-except ImportError:  # a checkout without the package installed
-    sys.path.insert(0, str(ROOT / "src"))
-
-from dpsub.runs import METRICS, RunDir, RunError, expand, group_by_setting  # noqa: E402
+from dpsub.runs import METRICS, RunDir, RunError, expand, group_by_setting
 
 
 def load(paths: list[Path]) -> list[tuple[str, list[list[dict]]]]:
@@ -114,5 +108,10 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console command (pyproject.toml's [project.scripts])."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

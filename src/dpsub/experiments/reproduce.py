@@ -22,7 +22,7 @@ is not counted (as in the papers).
 
 ``--dry-run`` prints every job with its status, N, steps and estimated time, where the runs
 go, and a one-line reason for every cost it cannot give (no step time; missing data of a
-dataset without a published size), in seconds (:mod:`dpsub.costs`): step times come from
+dataset without a published size), in seconds (:mod:`dpsub.experiments.costs`): step times come from
 an earlier ``--time`` on this machine (cached in ``<out>/.step_times.json``) or from the
 steps_per_s that finished runs of the same setting recorded (under ``<out>`` and
 ``results/tables``). ``--dry-run --time`` measures the missing
@@ -50,19 +50,14 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    import dpsub  # noqa: F401
-except ImportError:  # a checkout without the package installed
-    sys.path.insert(0, str(ROOT / "src"))
+from omegaconf import DictConfig, OmegaConf
 
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-
-from dpsub import costs, runs, tables  # noqa: E402
-from dpsub.commands import how_to_run  # noqa: E402
-from dpsub.errors import ConfigError  # noqa: E402
-from dpsub.overrides import quote_value  # noqa: E402
-from dpsub.paths import conf_dir, project_root  # noqa: E402
+from dpsub import runs
+from dpsub.errors import ConfigError
+from dpsub.experiments import costs, tables
+from dpsub.experiments.commands import how_to_run
+from dpsub.overrides import quote_value
+from dpsub.paths import conf_dir, project_root
 
 log = logging.getLogger("dpsub.reproduce")
 COMMITTED = (
@@ -388,5 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console command (pyproject.toml's [project.scripts])."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -21,8 +21,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpsub import stats
 from dpsub.data.names import published_train_size
+from dpsub.experiments import stats
 from dpsub.paths import project_root
 from dpsub.runs import MIA, VALIDATION, RunDir, find_runs
 

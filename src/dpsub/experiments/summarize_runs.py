@@ -21,14 +21,8 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    import dpsub  # noqa: F401
-except ImportError:  # a checkout without the package installed
-    sys.path.insert(0, str(ROOT / "src"))
-
-from dpsub import stats  # noqa: E402
-from dpsub.runs import RunDir, RunError, expand, group_by_setting  # noqa: E402
+from dpsub.experiments import stats
+from dpsub.runs import RunDir, RunError, expand, group_by_setting
 
 COLUMNS = (
     "run",
@@ -109,5 +103,10 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console command (pyproject.toml's [project.scripts])."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -35,15 +35,9 @@ import torch
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    import dpsub  # noqa: F401
-except ImportError:  # running from a checkout without the package installed
-    sys.path.insert(0, str(ROOT / "src"))
-
-from dpsub.config import compose  # noqa: E402
-from dpsub.data.validation import carve_validation  # noqa: E402  (dataset.validation_size's)
-from dpsub.errors import ConfigError, exit_code  # noqa: E402
+from dpsub.config import compose
+from dpsub.data.validation import carve_validation  # dataset.validation_size's
+from dpsub.errors import ConfigError, exit_code
 
 
 def configs(overrides: list[str], lrs: list[float]) -> list:

@@ -9,7 +9,7 @@ anchors, 1000 bases. Their code needs ``backpack-for-pytorch`` (and ``einops``):
 their wheels into ``.gpu/wheels``. Their ``np.int`` (removed in NumPy 1.24) is aliased to
 ``int`` in this process only.
 
-    python -m dpsub.gpu.authors PATH --out FILE.json [--tiny]
+    python -m dpsub.experiments.gpu.authors PATH --out FILE.json [--tiny]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def run(kit, d: Path, end: float) -> str:
         return f"not run: {path} is not a checkout of the GEP authors' code ({MARKER} missing)"
     if importlib.util.find_spec("backpack") is None:
         return "not run: backpack-for-pytorch is not installed (stage its and einops' wheels)"
-    argv = [sys.executable, "-m", "dpsub.gpu.authors", str(path), "--out",
+    argv = [sys.executable, "-m", "dpsub.experiments.gpu.authors", str(path), "--out",
             str(d / "gep_authors.json")] + (["--tiny"] if kit.opts.tiny else [])  # fmt: skip
     rc = kit.child(argv, d / "gep_authors.log", end - time.time())
     return "timed: gep_authors.json" if rc == 0 else f"failed (exit {rc}): gep_authors.log"

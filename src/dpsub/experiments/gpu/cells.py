@@ -11,7 +11,7 @@ Within a table: seed 0 of every cell first; within a seed epsilon 8, then 2, the
 an epsilon GP (DP-SGD), then GEP, then B-GEP. The queue is planned again after every cell,
 so a finished tuning grid brings its extension or its picks into the same command.
 
-Each cell is an ordinary table job (:func:`dpsub.tables.plan_jobs`: its run dir is where
+Each cell is an ordinary table job (:func:`dpsub.experiments.tables.plan_jobs`: its run dir is where
 ``scripts/reproduce.py`` puts it, ``results/tables/<table>/<setting>/<variant>/<cell>``),
 trained by ``python -m dpsub.cli.train`` in a child process that checkpoints every
 ``checkpoint_every`` steps. The runner packs the cells it touched into ``$OUT/cells.tar``
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpsub.gpu.stage import GPU_DIR
+from dpsub.experiments.gpu.stage import GPU_DIR
 from dpsub.runs import RunDir
 
 EPSILON_ORDER = (8, 2, 5)
@@ -92,7 +92,7 @@ def priority(job) -> tuple:
 def tiny_setting(table, setting: str):
     """The CPU test's stand-in for ``setting``: its cells at one seed, toy data and model, a
     one-point tuning grid; the axis overrides dropped (no data files in a test)."""
-    from dpsub import tables
+    from dpsub.experiments import tables
 
     base = table.setting(setting)
     tune = table.tune_of(setting)
@@ -109,7 +109,7 @@ def tiny_setting(table, setting: str):
 def campaign_jobs(c: Campaign, root: Path, tiny: bool = False, passthrough=()) -> list:
     """The campaign's jobs in priority order (finished ones included): the paper variant,
     or the tuning grid then the tuned picks known so far."""
-    from dpsub import tables
+    from dpsub.experiments import tables
 
     table, setting = tables.load_table(c.table), c.setting
     if tiny:
@@ -216,7 +216,7 @@ class CellRunner:
             f.write(f"\n$ {' '.join(argv)}\n")
             f.flush()
             proc = subprocess.Popen(
-                argv, cwd=Path(__file__).resolve().parents[3], env=self.env,
+                argv, cwd=Path(__file__).resolve().parents[4], env=self.env,
                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
             rc = self._watch(proc, job)
@@ -268,7 +268,7 @@ class CellRunner:
 
 def harvest_cells(tar_path: Path, root: Path) -> list[str]:
     """Finished cells -> ``results/tables/...`` (no checkpoint); unfinished -> ``.gpu/cells``."""
-    from dpsub.gpu.harvest import safe_members
+    from dpsub.experiments.gpu.harvest import safe_members
 
     root = Path(root)
     written = []

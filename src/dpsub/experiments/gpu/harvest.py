@@ -17,8 +17,8 @@ import shutil
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from dpsub.gpu.cells import harvest_cells
-from dpsub.gpu.stage import StageError
+from dpsub.experiments.gpu.cells import harvest_cells
+from dpsub.experiments.gpu.stage import StageError
 
 #: step -> where its files go (relative to the repository root)
 DEST = {"check": "results/gpu", "smoke": "results/gpu", "bench": "results/bench"}

@@ -10,7 +10,7 @@ a. ``check``: the packages (installed from ``.gpu/wheels`` when missing), CUDA, 
 b. ``smoke``: ``pytest -m gpu tests/integration/test_gpu.py`` (tests/integration/test_gpu.py);
 c. ``bench``: ``scripts/bench.py`` at the paper's GPU sizes, one process per table
    (:data:`BENCHES`), written as ``gpu_<name>.md`` / ``.json`` as each finishes;
-d. ``cells``: table cells by priority, campaign after campaign (:mod:`dpsub.gpu.cells`:
+d. ``cells``: table cells by priority, campaign after campaign (:mod:`dpsub.experiments.gpu.cells`:
    GEP Tables 5 and 6 reduced, the RGP head study, GEP Table 1 CIFAR-10 cpu-long then paper).
 
 ``tiny=True`` runs every step on the CPU at toy sizes (the test suite does).
@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpsub.gpu.stage import (
+from dpsub.experiments.gpu.stage import (
     AUX_FILE,
     DECODER,
     GPU_DIR,
@@ -41,7 +41,7 @@ from dpsub.gpu.stage import (
     unpack_cifar10,
 )  # fmt: skip
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 STEPS = ("check", "smoke", "bench", "cells")
 #: the longest each step may take (s); every one under the 600-s command limit
 BOUNDS = {"check": 120, "smoke": 180, "bench": 300, "cells": 560}
@@ -86,7 +86,9 @@ class Options:
     gep_authors: Path | None = None
     max_cells: int | None = None
     interrupt_cells: bool = False  # tests: stop each cell at its first checkpoint
-    campaigns: tuple[str, ...] | None = None  # names in dpsub.gpu.cells.CAMPAIGNS (default: all)
+    campaigns: tuple[str, ...] | None = (
+        None  # names in dpsub.experiments.gpu.cells.CAMPAIGNS (default: all)
+    )
 
 
 @dataclass
@@ -287,7 +289,7 @@ def step_times(d: Path) -> dict[str, float]:
 
 def gep_authors(kit: Kit, d: Path, end: float) -> str:
     """Time one GEP step of the authors' code if ``--gep-authors`` gave a checkout."""
-    from dpsub.gpu import authors
+    from dpsub.experiments.gpu import authors
 
     note = authors.run(kit, d, end)
     kit.log(f"gep authors: {note}")
@@ -296,7 +298,7 @@ def gep_authors(kit: Kit, d: Path, end: float) -> str:
 
 # ----------------------------------------------------------------- d. cells
 def step_cells(kit: Kit, bound: float) -> dict:
-    from dpsub.gpu.cells import DEFAULT_ORDER, CellRunner, queue
+    from dpsub.experiments.gpu.cells import DEFAULT_ORDER, CellRunner, queue
 
     ensure_packages(kit)
     if kit.data_root is None and not kit.opts.tiny:
