@@ -99,7 +99,7 @@ def fingerprint(run_dir: Path) -> dict[str, str]:
 def run_case(name: str, extra: list[str], work: Path) -> dict[str, str]:
     """Train one case in this process (composed as the command line composes it)."""
     from dpsub.config import compose, config_context
-    from dpsub.training.trainer import train
+    from dpsub.training.loop import train
 
     run_dir = work / name
     with config_context():

@@ -16,7 +16,7 @@ from dpsub.audit.whitebox import WhiteboxOptions, whitebox_audit
 from dpsub.mechanisms.base import StepResult
 from dpsub.mechanisms.dpsgd import DPSGD
 from dpsub.privacy import Sensitive
-from dpsub.training.run import build_run
+from dpsub.training.build import build_run
 
 from conftest import compose_cfg
 from helpers.audit import TINY
@@ -132,7 +132,7 @@ class HalfNoise(DPSGD):
 
 
 def test_broken_mechanism_is_caught_above_its_reported_epsilon() -> None:
-    from dpsub.training.run import train_step
+    from dpsub.training.build import train_step
 
     run = tiny_run("privacy.noise_multiplier=1.5")
     broken = HalfNoise(clip=1.0)
@@ -191,7 +191,7 @@ def test_dphero_least_noisy_direction_exceeds_its_nominal_epsilon() -> None:
 
 # ------------------------------------------------------------- one run
 def test_insert_canaries_relabels_and_includes_about_half() -> None:
-    from dpsub.training.run import load_data
+    from dpsub.training.build import load_data
 
     data = load_data(compose_cfg(*TINY, "dataset.synthetic.n_train=400"))
     out, cx, cy, inc = insert_canaries(data, 100, seed=0)

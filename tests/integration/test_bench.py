@@ -21,7 +21,7 @@ def bench():
 
 
 def test_the_timed_step_is_the_trainers_and_configs_come_from_hydra(bench):
-    import dpsub.training.run as run_module
+    import dpsub.training.build as run_module
 
     assert bench.train_step is run_module.train_step
     assert bench.build_run is run_module.build_run

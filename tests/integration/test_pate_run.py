@@ -148,7 +148,7 @@ def test_data_dependent_epsilon_only_on_request_and_then_not_covered(tmp_path):
 def test_validation_split_tunes_without_the_test_set(tmp_path, monkeypatch):
     """dataset.validation_size: teachers train on the rest of the private set, the public
     pool is unchanged, and the student is evaluated on the held-out examples only."""
-    from dpsub.training import trainer
+    from dpsub.training import loop as trainer
 
     seen = []
     real = trainer.evaluate
@@ -268,7 +268,7 @@ def test_smooth_sensitivity_release_is_charged_recorded_and_covered(tmp_path, mo
     release draws nothing new."""
     from dpsub.pate.accounting import ORDERS, PateLedger
     from dpsub.pate.smooth import gnss_rdp
-    from dpsub.privacy.accountant import rdp_to_epsilon
+    from dpsub.privacy.accountants import rdp_to_epsilon
 
     monkeypatch.setattr(pate_run, "compute_votes", _agreeing_votes)
     extra = [

@@ -34,7 +34,7 @@ LAYERS = {
     "privacy": 1,  # noise, sampling, calibration, the account: needs only errors
     "data": 2,
     "models": 2,
-    "logging": 2,
+    "tracking": 2,  # metrics.jsonl and Weights & Biases (a run's tracking)
     "grads": 3,  # per-example gradients and clipping (Sensitive values)
     "features": 3,  # frozen feature extractors and their cache (uses data)
     "subspace": 4,  # bases, carriers, the low-rank reparametrization
@@ -44,7 +44,7 @@ LAYERS = {
     "training": 7,
     "overrides": 1,  # command-line overrides checked against conf/ (torch-free)
     "audit": 10,  # privacy audits of the real training step and of PATE's aggregators
-    "runs": 0,  # a run folder's file names and loading (no torch)
+    "rundir": 0,  # a run folder's file names and loading (no torch)
     "pate": 9,  # PATE: teachers, aggregators, its own ledger and entry point
     "api": 20,  # the Python API (tier 2)
     "cli": 30,  # the command line: dpsub-train, -audit, -pate, sweeps (tier 3)
@@ -249,7 +249,7 @@ def test_each_enumeration_has_its_implementations():
     from dpsub import choices
     from dpsub.data.datasets import LOADERS
     from dpsub.grads.engine import BACKEND_CLASSES
-    from dpsub.privacy.accountant import ACCOUNTANT_CLASSES
+    from dpsub.privacy.accountants import ACCOUNTANT_CLASSES
     from dpsub.privacy.sampling import build_sampler
 
     assert tuple(ACCOUNTANT_CLASSES) == choices.ACCOUNTANTS
@@ -260,10 +260,10 @@ def test_each_enumeration_has_its_implementations():
 
 
 def test_run_dir_file_names_come_from_runs():
-    """``summary.json``, ``config.yaml``... are named in dpsub/runs.py (RunDir), not spelled
+    """``summary.json``, ``config.yaml``... are named in dpsub/rundir.py (RunDir), not spelled
     out across the code (PATE's and the GPU kit's own writers aside, for now)."""
     names = r"[\"'](summary\.json|metrics\.jsonl|train\.log|checkpoint\.pt|mia\.json|validation\.json)[\"']"
-    pending = {"src/dpsub/runs.py", "src/dpsub/cli/pate.py", "src/dpsub/experiments/gpu/cells.py",
+    pending = {"src/dpsub/rundir.py", "src/dpsub/cli/pate.py", "src/dpsub/experiments/gpu/cells.py",
                "src/dpsub/experiments/pdpsgd_study.py"}  # fmt: skip
     assert _grep(names, _py("src/dpsub", "scripts"), pending) == []
 

@@ -3,7 +3,7 @@
 Hydra composes ``conf/dpsub_audit.yaml``: the training config (every group) plus the
 ``audit/`` group (``whitebox``, ``onerun`` or ``pate``: a PATE aggregator alone). The run's config is validated first
 (one line, exit code 2, nothing written on a bad value); then the audit builds the run
-with :func:`~dpsub.training.run.build_run` and writes, into ``out_dir``:
+with :func:`~dpsub.training.build.build_run` and writes, into ``out_dir``:
 ``config.yaml``, ``train.log`` (with one ``audit:`` line), ``summary.json`` (the run's
 steps and accountant epsilon; the one-run audit's test accuracy) and ``audit.json``
 beside it (the lower bound, its confidence, the trials, the accountant's upper bound).
@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpsub.cli.common import CONF_DIR, fail, interruptible, job_dir
 from dpsub.errors import ConfigError
-from dpsub.runs import CONFIG, LOG, SUMMARY
+from dpsub.rundir import CONFIG, LOG, SUMMARY
 
 log = logging.getLogger("dpsub")
 
@@ -57,7 +57,7 @@ def split(cfg: DictConfig) -> tuple[DictConfig, DictConfig]:
 
 def whitebox(cfg: DictConfig, audit: DictConfig) -> tuple[dict, object]:
     from dpsub.audit.whitebox import WhiteboxOptions, whitebox_audit
-    from dpsub.training.run import build_run
+    from dpsub.training.build import build_run
 
     opts = {k: v for k, v in OmegaConf.to_container(audit).items() if k != "kind"}
     try:
@@ -107,7 +107,7 @@ def write(run_dir: Path, cfg: DictConfig, audit: DictConfig, report: dict, run) 
     if run is not None:  # audit=pate builds no training run
         summary.update(steps=report["steps"], noise_multiplier=run.z)
     if report["kind"] == "onerun":
-        from dpsub.training.trainer import evaluate
+        from dpsub.training.loop import evaluate
 
         acc, loss = evaluate(run.model, run.data.test_x, run.data.test_y, cfg.train.eval_batch_size)
         summary.update(test_accuracy=acc, test_loss=loss)

@@ -43,7 +43,7 @@ def run_pate(cfg: DictConfig, run_dir: Path, resume: bool = False) -> dict:
         cfg, pate = split(cfg)
         check_environment(cfg)
         from dpsub.pate.pool import make_pools
-        from dpsub.training.run import load_data, pick_device
+        from dpsub.training.build import load_data, pick_device
 
         data, device = load_data(cfg), pick_device(str(cfg.device))
         from dpsub.pate.run import held_out
@@ -116,7 +116,7 @@ def _student(cfg, pate, pools, device, out) -> dict:
     from dpsub.pate.run import partition_kind
     from dpsub.pate.student import StudentOptions, train_student
     from dpsub.pate.votes import NEIGHBOURS
-    from dpsub.training.trainer import evaluate
+    from dpsub.training.loop import evaluate
 
     ledger, release = out["ledger"], out.get("release")
     labels = torch.as_tensor(out["labels"], dtype=torch.long).reshape(-1, 2)
@@ -161,7 +161,7 @@ def _student(cfg, pate, pools, device, out) -> dict:
     if release is not None:  # noisy (smooth sensitivity), its cost in both epsilons: covered
         out["epsilon_data_dependent_released"] = release["epsilon"]
         out["release"] = release
-    from dpsub.runs import not_covered_statistics
+    from dpsub.rundir import not_covered_statistics
 
     out["not_covered_statistics"] = not_covered_statistics(out)
     return out

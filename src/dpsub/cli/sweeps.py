@@ -32,7 +32,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from dpsub.errors import ConfigError, DataError, RunDirInUse, exit_code
-from dpsub.runs import SUMMARY, RunDir
+from dpsub.rundir import SUMMARY, RunDir
 
 FAILED = "failed_jobs.jsonl"
 log = logging.getLogger("dpsub")

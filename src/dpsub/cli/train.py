@@ -39,7 +39,7 @@ from dpsub.cli.common import (
     run_dir_arg,
 )
 from dpsub.errors import ConfigError, ResumeError, exit_code
-from dpsub.runs import CONFIG
+from dpsub.rundir import CONFIG
 
 
 def plan_line(cfg: DictConfig) -> str:
@@ -88,7 +88,7 @@ def train_run(cfg: DictConfig, run_dir: Path, resume: bool = False) -> float:
     if os.environ.get("RANK", "0") == "0":  # the plan first: torch takes seconds to import
         logging.getLogger("dpsub").info("%s -> %s", plan_line(cfg), run_dir)
         logging.getLogger("dpsub").info("setup: importing torch")  # seconds: never silent
-    from dpsub.training.trainer import train
+    from dpsub.training.loop import train
 
     return train(cfg, run_dir, resume=resume).test_accuracy
 

@@ -4,8 +4,8 @@ Each (model, mechanism, backend) is a real run: its config is composed with Hydr
 compose API from ``conf/`` (``dataset=synthetic`` shaped like the model's inputs,
 ``train.batch_size`` = the whole synthetic set, so every step sees the same full
 batch), validated with :func:`dpsub.config.validate`, built with
-:func:`dpsub.training.run.build_run`, and timed around
-:func:`dpsub.training.run.train_step`, the trainer's own step (sampling aside: the
+:func:`dpsub.training.build.build_run`, and timed around
+:func:`dpsub.training.build.train_step`, the trainer's own step (sampling aside: the
 batch is given). ``nonprivate`` always runs and is the baseline of the ratios.
 
 The timed steps are *interleaved*: round r times one step of every run in turn, so
@@ -70,8 +70,8 @@ from dpsub.grads import BACKENDS
 from dpsub.mechanisms.options import SPECS
 from dpsub.models import count_parameters
 from dpsub.paths import project_root
-from dpsub.runs import cpu_name, git_commit
-from dpsub.training.run import build_run, train_step
+from dpsub.rundir import cpu_name, git_commit
+from dpsub.training.build import build_run, train_step
 
 ROOT = project_root()  # the repository (an install: the working directory)
 #: a backend, or vmap with grads.compile=true (torch.compile of the per-example function)

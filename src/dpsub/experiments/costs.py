@@ -23,7 +23,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from dpsub import runs
+from dpsub import rundir as runs
 from dpsub.data.names import published_train_size
 from dpsub.errors import DataError
 from dpsub.paths import committed_step_times, wheel_install
@@ -70,7 +70,7 @@ def time_step(cfg: DictConfig, steps: int, warmup: int) -> float:
     time."""
     import torch
 
-    from dpsub.training.run import build_run, train_step
+    from dpsub.training.build import build_run, train_step
 
     cfg = cfg.copy()
     c, s = dataset_shape(cfg)
@@ -113,7 +113,7 @@ def train_size(cfg: DictConfig) -> tuple[int | None, str]:
     carve-outs. Without the data, N from the release's published size and a note that says
     so, else (None, the one-line reason)."""
     from dpsub.config import validate
-    from dpsub.training.run import private_data
+    from dpsub.training.build import private_data
 
     try:
         _, data = private_data(validate(cfg))  # what build_run trains on
@@ -183,7 +183,7 @@ def estimate(
     """A row per job (job, n, steps, step_s, sec, why: a reason a cost is missing) and the
     machine the step times are for. ``timing_steps``: measure the missing step times with
     that many steps (``--time``), else None; ``say`` prints progress and notes."""
-    from dpsub.training.run import plan_steps
+    from dpsub.training.build import plan_steps
 
     st = StepTimes(Path(out) / ".step_times.json", measuring=timing_steps is not None)
     recorded = recorded_step_times(roots, {timing_key(c) for c in cfgs.values()})

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from dpsub.experiments.bench import staleness
-from dpsub.runs import METRICS
+from dpsub.rundir import METRICS
 
 
 def main(argv=None) -> int:

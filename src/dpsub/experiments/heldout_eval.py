@@ -28,9 +28,9 @@ from dpsub.data import load_dataset
 from dpsub.data.datasets import _subset_indices  # the trainer's own subset
 from dpsub.data.subsets import balanced_pick
 from dpsub.models import build_model
-from dpsub.runs import CHECKPOINT, CONFIG, VALIDATION
+from dpsub.rundir import CHECKPOINT, CONFIG, VALIDATION
 from dpsub.training.checkpoint import data_fingerprint, load_checkpoint
-from dpsub.training.trainer import evaluate
+from dpsub.training.loop import evaluate
 
 
 def fail(msg: str) -> None:

@@ -45,7 +45,7 @@ from dpsub.experiments import stats, studies, tables
 from dpsub.experiments.commands import how_to_run
 from dpsub.paths import project_root
 from dpsub.privacy.simulate import NOT_A_GUARANTEE
-from dpsub.runs import CHECKPOINT, RunDir, provenance
+from dpsub.rundir import CHECKPOINT, RunDir, provenance
 
 PROJECTION = "public_projection.json"
 PROVENANCE = "provenance.json"
@@ -173,7 +173,7 @@ def public_projection(
     import torch
 
     from dpsub.config import typed_group
-    from dpsub.training.run import load_finished_run
+    from dpsub.training.build import load_finished_run
 
     cfg = RunDir(run_dir).config()
     tuning = typed_group("dataset", cfg.dataset).validation_size

@@ -21,8 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-from dpsub import runs
-from dpsub.runs import CHECKPOINT, CONFIG, MIA, SUMMARY, RunDir
+from dpsub import rundir as runs
+from dpsub.rundir import CHECKPOINT, CONFIG, MIA, SUMMARY, RunDir
 
 
 class RunError(Exception):
@@ -36,7 +36,7 @@ def load(run_dir: Path, data_root: str | None):
     except runs.RunError as e:
         raise RunError(str(e)) from None
     from dpsub.errors import exit_code
-    from dpsub.training.run import load_finished_run
+    from dpsub.training.build import load_finished_run
 
     try:
         run = load_finished_run(run_dir, data_root)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dpsub.experiments import studies
 from dpsub.paths import project_root
-from dpsub.runs import RunDir
+from dpsub.rundir import RunDir
 
 ROOT = project_root()  # the repository (an install: the working directory)
 

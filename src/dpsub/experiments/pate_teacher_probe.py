@@ -16,7 +16,7 @@ from dpsub.data.validation import carve_validation
 from dpsub.models import build_model
 from dpsub.pate.teachers import TeacherOptions, predict_chunk, train_chunk
 from dpsub.pate.votes import members, partition
-from dpsub.training.run import load_data
+from dpsub.training.build import load_data
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,7 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from omegaconf import OmegaConf
 
-from dpsub.runs import METRICS, RunDir, RunError, expand, group_by_setting
+from dpsub.rundir import METRICS, RunDir, RunError, expand, group_by_setting
 
 
 def load(paths: list[Path]) -> list[tuple[str, list[list[dict]]]]:

@@ -52,7 +52,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from dpsub import runs
+from dpsub import rundir as runs
 from dpsub.errors import ConfigError
 from dpsub.experiments import costs, tables
 from dpsub.experiments.commands import how_to_run

@@ -24,7 +24,7 @@ from pathlib import Path
 from dpsub.data.names import published_train_size
 from dpsub.experiments import stats
 from dpsub.paths import project_root
-from dpsub.runs import MIA, VALIDATION, RunDir, find_runs
+from dpsub.rundir import MIA, VALIDATION, RunDir, find_runs
 
 __all__ = ["STUDIES", "collect", "render", "study_dir"]
 

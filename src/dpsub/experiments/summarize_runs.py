@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from dpsub.experiments import stats
-from dpsub.runs import RunDir, RunError, expand, group_by_setting
+from dpsub.rundir import RunDir, RunError, expand, group_by_setting
 
 COLUMNS = (
     "run",

@@ -36,7 +36,7 @@ from typing import Any
 from dpsub.errors import ConfigError
 from dpsub.overrides import quote_value
 from dpsub.paths import conf_dir
-from dpsub.runs import SUMMARY
+from dpsub.rundir import SUMMARY
 
 __all__ = [
     "Job",

@@ -1,7 +1,7 @@
 """Learning-rate tuning on a validation split carved from the private training set.
 
 For each learning rate of a grid, one real run (the trainer's own
-:func:`~dpsub.training.run.build_run` and :func:`~dpsub.training.run.train_step`) of the
+:func:`~dpsub.training.build.build_run` and :func:`~dpsub.training.build.train_step`) of the
 experiment given by Hydra overrides, except that ``--val-size`` class-balanced examples
 of the private training set are held out first and take the place of the test set:
 the run trains on the rest and is scored on them, so the test set is never looked at.
@@ -57,8 +57,8 @@ def configs(overrides: list[str], lrs: list[float]) -> list:
 
 def one_run(cfg, val_size: int) -> dict:
     """Train on the carved training set; score on the held-out part."""
-    from dpsub.training.run import build_run, load_data, train_step
-    from dpsub.training.trainer import evaluate
+    from dpsub.training.build import build_run, load_data, train_step
+    from dpsub.training.loop import evaluate
 
     try:
         data = carve_validation(load_data(cfg), val_size, int(cfg.seed))

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dpsub.errors import ConfigError, PrivacyError
-from dpsub.privacy.accountant import PrivacyLedger, PrivacyPlan, calibrate_plan, fixed_plan
+from dpsub.privacy.accountants import PrivacyLedger, PrivacyPlan, calibrate_plan, fixed_plan
 from dpsub.privacy.noise import NoiseRecord, effective_multiplier
 from dpsub.privacy.sampling import build_sampler, sample_rate
 from dpsub.privacy.simulate import Simulation

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from dpsub.runs import METRICS, SUMMARY
+from dpsub.rundir import METRICS, SUMMARY
 
 METRICS_FILE = METRICS
 #: How long :meth:`RunLogger.close` waits for W&B to write an offline run's file.

@@ -3,7 +3,7 @@
 The trainer, ``scripts/bench.py`` and distributed training all use these two, so
 the step that is timed is the step that trains.
 
-Path of one step (the privacy policy is the account's: privacy/account.py)::
+Path of one step (the privacy policy is the account's: privacy/run_account.py)::
 
     account.admit(step): can the budget afford the plan's multiplier z?
     sample a Poisson batch (on the device)
@@ -31,7 +31,7 @@ from dpsub.grads import GradEngine, auto_microbatch, check_private_model
 from dpsub.mechanisms import Mechanism, StepContext, StepResult, build_mechanism
 from dpsub.models import build_model, count_parameters
 from dpsub.privacy import Privatizer, SecureNoise, SeededNoise, simulate
-from dpsub.privacy.account import PrivacyAccount
+from dpsub.privacy.run_account import PrivacyAccount
 from dpsub.privacy.sampling import sample_rate, seeded_uniform
 from dpsub.training.distributed import SINGLE, BroadcastNoise, Dist, broadcast_uniform, device_for
 from dpsub.training.optim import build_optimizer, build_schedule
@@ -351,11 +351,11 @@ def load_finished_run(run_dir, data_root: str | None = None) -> Run:
     (model, optimizer, ledgers, mechanism state): what tools evaluate after training.
 
     ``data_root``: where the data is on this machine (the saved paths move with it).
-    Raises :class:`~dpsub.runs.RunError` naming the missing file, or when the rebuilt
+    Raises :class:`~dpsub.rundir.RunError` naming the missing file, or when the rebuilt
     private training set is not the one the run trained on; ConfigError / DataError from
     rebuilding the run.
     """
-    from dpsub.runs import CHECKPOINT, CONFIG, RunDir, RunError
+    from dpsub.rundir import CHECKPOINT, CONFIG, RunDir, RunError
     from dpsub.training.checkpoint import data_fingerprint, load_checkpoint
 
     rd = RunDir(run_dir)

@@ -1,9 +1,9 @@
 """The training loop: one reading from config to the final epsilon.
 
-``train(cfg, run_dir)`` builds the run (:func:`~dpsub.training.run.build_run`: data,
+``train(cfg, run_dir)`` builds the run (:func:`~dpsub.training.build.build_run`: data,
 model, mechanism, privacy plan; every config or data error is raised before a file
 is written), continues it from ``run_dir``'s checkpoint if there is one (refusing any
-change that would alter a release), then repeats :func:`~dpsub.training.run.train_step`
+change that would alter a release), then repeats :func:`~dpsub.training.build.train_step`
 until the planned steps are done or the budget is spent, logging, evaluating and
 checkpointing on the way.
 
@@ -36,10 +36,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpsub.config import validate
 from dpsub.errors import ConfigError, ResumeError
-from dpsub.logging import RunLogger
 from dpsub.models import count_parameters
 from dpsub.privacy import epsilon_for
-from dpsub.runs import CHECKPOINT, CONFIG, LOG, MIA, RunDir, not_covered_statistics
+from dpsub.rundir import CHECKPOINT, CONFIG, LOG, MIA, RunDir, not_covered_statistics
+from dpsub.tracking import RunLogger
+from dpsub.training.build import Run, StepOutcome, build_run, load_run_state, run_state, train_step
 from dpsub.training.checkpoint import (
     LEDGER_NAME,
     check_resume,
@@ -51,7 +52,6 @@ from dpsub.training.checkpoint import (
 )
 from dpsub.training.distributed import init_distributed
 from dpsub.training.progress import Progress, attach_run_log
-from dpsub.training.run import Run, StepOutcome, build_run, load_run_state, run_state, train_step
 
 log = logging.getLogger("dpsub")
 
@@ -482,7 +482,7 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
 def _resumed_accuracy(run_dir: Path, step: int, split: str) -> float | None:
     """The last accuracy evaluated at or before ``step`` (a resumed run's step lines show it
     until its next evaluation, not ``-``); None when there is none or no metrics file."""
-    from dpsub.logging import read_metrics
+    from dpsub.tracking import read_metrics
 
     key = f"{split}/accuracy"
     try:

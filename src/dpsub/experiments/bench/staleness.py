@@ -90,7 +90,7 @@ def measure(traj, gep, plan: Plan, batch: torch.Tensor, seed: int, log) -> list[
     """Train ``traj`` (a Run) to the last sample step; at each step the plan names, fit the
     GEP run ``gep``'s subspace on ``traj``'s current weights and, at sample steps, record
     every basis's errors on the private examples ``batch`` (indices)."""
-    from dpsub.training.run import train_step
+    from dpsub.training.build import train_step
 
     gen = torch.Generator(device=gep.device).manual_seed(seed)
     mech, clip = gep.mechanism, gep.mechanism.opts.clip_residual
@@ -139,8 +139,8 @@ def study(out, common: list[str], samples: tuple[int, ...], examples: int, seed:
     import json
 
     from dpsub.config import compose
-    from dpsub.runs import CHECKPOINT, METRICS, SUMMARY, hardware
-    from dpsub.training.run import build_run, load_run_state, run_state
+    from dpsub.rundir import CHECKPOINT, METRICS, SUMMARY, hardware
+    from dpsub.training.build import build_run, load_run_state, run_state
 
     both = [o for o in common if not o.startswith("gep:")]
     traj = build_run(compose([*TRAJECTORY, *both]))

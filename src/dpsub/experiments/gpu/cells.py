@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpsub.experiments.gpu.stage import GPU_DIR
-from dpsub.runs import RunDir
+from dpsub.rundir import RunDir
 
 EPSILON_ORDER = (8, 2, 5)
 MECHANISM_ORDER = ("dpsgd", "gep", "bgep")
