@@ -70,6 +70,81 @@ def run_cli(
     return proc
 
 
+def cli_in_process(
+    *overrides: str,
+    run_dir: Path | None = None,
+    check: bool = True,
+    env: dict | None = None,
+    module: str = "dpsub.cli.train",
+    timeout: int | None = None,  # run_cli's; pytest-timeout bounds a test in this process
+) -> subprocess.CompletedProcess:
+    """:func:`run_cli` in this process (seconds, where a subprocess spends most of its time
+    importing torch): :func:`run_in_process` with run_cli's argv and environment."""
+    args, full_env = cli_command(*overrides, run_dir=run_dir, env=env)
+    proc = run_in_process(module, args[3:], full_env)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return proc
+
+
+def run_in_process(module: str, words: list[str], env: dict) -> subprocess.CompletedProcess:
+    """``python -m <module> WORDS`` as :func:`captured` ``<module>.cli()`` in this process."""
+    import importlib
+
+    return captured(lambda: importlib.import_module(module).cli(), [module, *words], env)
+
+
+def run_script_in_process(script: Path, *words, env: dict | None = None, cwd: Path = REPO):
+    """``python SCRIPT WORDS`` run from ``cwd``, as :func:`captured` ``runpy.run_path`` in
+    this process."""
+    import contextlib
+    import runpy
+
+    def run():  # the script's folder first on sys.path, as python puts it
+        sys.path.insert(0, str(Path(script).parent))
+        try:
+            with contextlib.chdir(cwd):
+                runpy.run_path(str(script), run_name="__main__")
+        finally:
+            sys.path.remove(str(Path(script).parent))
+
+    return captured(run, [str(script), *map(str, words)], env or dict(os.environ))
+
+
+def captured(run, argv: list[str], env: dict) -> subprocess.CompletedProcess:
+    """``run()`` with ``sys.argv`` = ``argv`` and environment ``env``, its stdout / stderr and
+    exit code captured as a subprocess's would be (seconds, where a subprocess spends most
+    of its time importing torch). ``sys.argv``, ``os.environ`` and the logging set-up Hydra
+    replaces are restored afterwards."""
+    import contextlib
+    import io
+    import logging
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    saved_argv, saved_env = sys.argv[:], os.environ.copy()
+    loggers = [logging.getLogger(n) for n in ("", "dpsub", "hydra")]
+    saved_logs = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv = list(argv)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            run()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, int | None):
+            err.write(f"{e.code}\n")
+    finally:
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for lg, handlers, level, propagate in saved_logs:
+            lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
 def compose_cfg(*overrides: str, data_root: Path | None = None):
     """The composed config (``conf/config.yaml`` + overrides), W&B and progress bar off."""
     from dpsub.config import compose

@@ -1,6 +1,8 @@
-"""Run under torchrun by tests/integration/test_distributed.py: a few steps, rank 0 saves what was released.
+"""Run under torchrun by tests/integration/test_distributed.py: a few steps of each run, rank 0
+saves what each released (a list, one entry per run; runs separated by ``::``, so one torchrun
+start serves several configurations).
 
-python -m torch.distributed.run --nproc_per_node 2 tests/dist_worker.py OUT OVERRIDE...
+python -m torch.distributed.run --nproc_per_node 2 tests/dist_worker.py OUT OVERRIDE... [:: OVERRIDE...]
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dpsub.training.distributed import init_distributed  # noqa: E402
 from conftest import compose_cfg  # noqa: E402
 
 STEPS = 3
+SEP = " :: "  # between the overrides of two runs
 
 
 class ZeroNoise:
@@ -46,9 +49,9 @@ def released(overrides: list[str], dist=None, noise_free: bool = False) -> dict:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    out, overrides = Path(sys.argv[1]), sys.argv[2:]
+    out, words = Path(sys.argv[1]), " ".join(sys.argv[2:])
     dist = init_distributed("cpu")
-    result = released(overrides, dist)
+    results = [released(run.split(), dist) for run in words.split(SEP)]
     if dist.main:
-        torch.save(result, out)
+        torch.save(results, out)
     dist.shutdown()

@@ -18,6 +18,9 @@ POLICIES = ("planned", "measured", "nominal")
 #: ``dataset.name``: one loader each in :data:`dpsub.data.datasets.LOADERS`.
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar10_subset", "svhn", "synthetic")
 #: ``features.name``: frozen feature extractors (:mod:`dpsub.features.extractors`).
-FEATURES = ("none", "scatternet", "cifar100_resnet", "torchscript")
+FEATURES = (
+    "none", "scatternet", "cifar100_resnet", "torchscript",
+    "efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2",
+)  # fmt: skip
 #: ``features.norm``: where the feature normalization comes from (:mod:`dpsub.features`).
 FEATURE_NORMS = ("public", "example", "none")

@@ -109,6 +109,12 @@ class TrainSchema:
     progress: bool = True
     # bf16: autocast of the forward/backward (docs/gpu.md)
     amp: str | None = opt(None, choices=(None, "bf16"))
+    # K views per example, gradients averaged before clipping (docs/recipe.md); 1: none
+    augmult: int = opt(1, ge=1)
+    # parameter averaging: decay of the weights' EMA, evaluated and saved (null or 0: off)
+    ema: float | None = opt(None, ge=0, lt=1)
+    # with train.ema: evaluate the averaged weights, or both (the raw ones under <split>/raw_*)
+    ema_eval: str = opt("ema", choices=("ema", "both"))
 
 
 @dataclass
@@ -165,6 +171,7 @@ FEATURE_OPTIONS = {
     "scatternet": (*_FEATURE_COMMON, "J", "L", "pool"),
     "cifar100_resnet": (*_FEATURE_COMMON, "width", "epochs", "seed", "pretrain_path"),
     "torchscript": (*_FEATURE_COMMON, "path", "input_mean", "input_std"),
+    **{f"efficientnet_lite{i}": (*_FEATURE_COMMON, "input_mean", "input_std") for i in range(3)},
 }
 #: aux sources that are drawn from the private dataset's own (featurized) tensors
 _FEATURE_AUX = ("none", "heldout_test", "public_train", "gaussian")
@@ -272,6 +279,13 @@ def validate(cfg: DictConfig | Settings, usable: bool = True) -> Settings:
         check_declared(node, SCHEMAS[g], g)
     _check_combinations(typed)
     _check_features(cfg)
+    features = (cfg.get("features") or {}).get("name", "none")
+    _require(
+        typed["train"].augmult == 1 or features == "none",
+        "train.augmult",
+        f"augments images; features={features} trains on fixed feature vectors (use 1)",
+        typed["train"].augmult,
+    )
     _require(
         cfg.device == "auto" or str(cfg.device).startswith(("cpu", "cuda", "mps")),
         "device",

@@ -1,4 +1,5 @@
-"""The GPU kit's cells step end to end on the CPU (tiny mode): a tuned campaign."""
+"""The GPU kit's cells step end to end on the CPU (tiny mode): a tuned campaign; the carry
+with the real data packs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ from pathlib import Path
 
 from dpsub.experiments.gpu import kit, stage
 from dpsub.experiments.gpu.harvest import harvest
+
+from helpers.gpu_kit import planned_carry
+
+
+def test_carry_list_with_the_real_data_packs_fits_64_mib(tmp_path):
+    """tests/integration/test_gpu_kit.py's carry, with the aux set and CIFAR-10 packed."""
+    total = sum(n for _, n in planned_carry(tmp_path))
+    assert total <= stage.CARRY_LIMIT, f"{total / stage.MiB:.1f} MiB would travel"
 
 
 def test_tiny_kit_tunes_then_runs_the_picks_in_one_command(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import SYNTH, run_cli
+from conftest import SYNTH, cli_in_process
 
 
 def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
@@ -21,9 +21,10 @@ def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
 
 
 def fails(tmp_path, *overrides: str, env: dict | None = None):
-    """Run the CLI with an out_dir under tmp_path; check that nothing was created."""
+    """Run the CLI (in this process) with an out_dir under tmp_path; check that nothing was
+    created."""
     run_dir = tmp_path / "run"
-    proc = run_cli(*overrides, run_dir=run_dir, check=False, env=env, timeout=300)
+    proc = cli_in_process(*overrides, run_dir=run_dir, check=False, env=env)
     assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
     assert not (tmp_path / "outputs").exists()
     return proc
@@ -33,5 +34,5 @@ def fails(tmp_path, *overrides: str, env: dict | None = None):
 def finished(tmp_path_factory):
     """A finished 2-step run to resume (tests of resume=)."""
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    run_cli(*SYNTH, "train.max_steps=2", run_dir=run_dir)
+    cli_in_process(*SYNTH, "train.max_steps=2", run_dir=run_dir)
     return run_dir

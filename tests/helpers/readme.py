@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SHARED, cli_command
+from conftest import REPO, SHARED, cli_command, run_in_process
 from helpers.data import write_fake_cifar10, write_fake_cifar100
 
 CHEAP = ("train.max_steps=1", "train.eval_every=0")
@@ -43,6 +43,9 @@ USAGE = {
     "uv run torchrun --nproc_per_node 2 -m dpsub.cli.train dataset=mnist": CHEAP,
     # frozen features of CIFAR-10: run on a fake CIFAR-10 and CIFAR-100 in torchvision's layout
     "uv run dpsub-train experiment=a3_gep features=scatternet features.pool=2 mechanism.num_bases=99": (
+        "fake_cifar10",
+    ),
+    "uv run dpsub-train experiment=a3_gep features=efficientnet_lite0 mechanism.num_bases=113": (
         "fake_cifar10",
     ),
     "uv run dpsub-train --cfg job dataset=cifar10 model=resnet20": (),
@@ -113,7 +116,9 @@ FAST = (
 )
 
 
-def check_usage_line(line: str, tmp_path: Path) -> None:
+def check_usage_line(line: str, tmp_path: Path, in_process: bool = False) -> None:
+    """Run ``line`` cheaply and check what it wrote; ``in_process``: a ``dpsub-train`` line
+    runs ``dpsub.cli.train.cli()`` in this process (conftest.run_in_process), not a subprocess."""
     if any(k in line for k in NEEDS_DATA) and SHARED is None:
         pytest.skip("real data not found")
     extra = USAGE[line]
@@ -131,7 +136,10 @@ def check_usage_line(line: str, tmp_path: Path) -> None:
         cmd = [*command("uv run dpsub-train", (), tmp_path)[:3], f"resume={tmp_path / 'run'}"]
     else:
         cmd = command(line, extra, tmp_path)
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    if in_process and cmd[1:3] == ["-m", "dpsub.cli.train"]:
+        proc = run_in_process("dpsub.cli.train", cmd[3:], env)
+    else:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     _, rest = split(line)
     if "--help" in rest:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,15 +28,17 @@ def test_the_timed_step_is_the_trainers_and_configs_come_from_hydra(bench):
         assert reader not in source, reader  # no YAML reader of its own
 
 
-def test_cpu_run_subprocess(tmp_path):
+def test_cpu_run(bench, tmp_path, capsys):
+    """bench.main as ``python scripts/bench.py ARGS`` calls it (in this process: a subprocess
+    spent its seconds importing torch)."""
     out, md = tmp_path / "tmp" / "x.json", tmp_path / "tmp" / "x.md"
-    cmd = [
-        sys.executable, str(SCRIPT), "--models", "mnist_cnn", "--mechanisms", "dpsgd",
+    argv = [
+        "--models", "mnist_cnn", "--mechanisms", "dpsgd",
         "--batch-size", "32", "--steps", "2", "--warmup", "1", "--device", "cpu",
         "--out", str(out), "--markdown", str(md),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    assert bench.main(argv) == 0
+    stdout = capsys.readouterr().out
     by_mech = {r["mechanism"]: r for r in json.loads(out.read_text())}
     base, dpsgd = by_mech["nonprivate"], by_mech["dpsgd"]
     assert base["status"] == "ok" and base["time_ratio"] == 1.0
@@ -49,7 +49,7 @@ def test_cpu_run_subprocess(tmp_path):
         assert r["env"]["torch"] and "bench.py" in r["env"]["command"]
         assert r["peak_extra_mib"] >= 0
     text = md.read_text()
-    assert "| nonprivate |" in text and "| dpsgd |" in text and "| dpsgd |" in proc.stdout
+    assert "| nonprivate |" in text and "| dpsgd |" in text and "| dpsgd |" in stdout
 
 
 def test_overrides_and_error_rows(bench, tmp_path, capsys):

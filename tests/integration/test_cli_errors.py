@@ -1,7 +1,9 @@
 """Mistakes on the command line: one line on stderr naming the culprit, exit code 2, nothing
 written, and (where the mistake is in the config) no torch import, so no 20 s wait.
 
-Each case drives the real entrypoint (``python -m dpsub.cli.train``, conftest.cli_command).
+Each case drives the real entrypoint, ``dpsub.cli.train.cli()`` with the command line's argv and
+environment, in this process (conftest.cli_in_process: a subprocess would spend seconds
+starting); that no torch import happens is checked in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, cli_in_process
 from helpers.cli_errors import fails, one_line_error
 
 
@@ -25,7 +27,7 @@ def test_a_mistyped_experiment_is_refused_with_the_closest_names(tmp_path):
 
 
 def test_cfg_job_with_an_unknown_experiment_fails_instead_of_printing_the_default():
-    proc = run_cli("--cfg", "job", "experiment=nonexistent", check=False)
+    proc = cli_in_process("--cfg", "job", "experiment=nonexistent", check=False)
     assert proc.stdout == ""
     one_line_error(proc, "experiment=nonexistent")
 
@@ -94,7 +96,7 @@ def test_dphero_with_its_defaults_is_refused_before_training(tmp_path):
 def test_resume_names_unknown_keys_and_refused_changes(tmp_path, finished, override, needles):
     run_dir = shutil.copytree(finished, tmp_path / "run")
     before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
-    one_line_error(run_cli(f"resume={run_dir}", override, check=False), *needles)
+    one_line_error(cli_in_process(f"resume={run_dir}", override, check=False), *needles)
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -11,7 +12,7 @@ from dpsub.config import ConfigError, compose, validate
 from dpsub.mechanisms import build_mechanism
 from dpsub.models import build_model
 
-from conftest import CONF_DIR, run_cli
+from conftest import CONF_DIR, cli_in_process
 
 SHAPES = {
     "digits": (1, 28, 28),
@@ -38,22 +39,42 @@ def test_every_group_has_options():
     assert set(SHAPES) == set(options("dataset"))
 
 
+@functools.cache
+def model_node(model: str):
+    """``model=MODEL``'s node as Hydra composes it (no dataset or mechanism option touches
+    the model group: test_a_model_option_composes_the_same_beside_any_other_group)."""
+    return composed(f"model={model}").model
+
+
+@functools.cache
+def built_model(model: str, shape: tuple[int, ...]) -> int:
+    mcfg = OmegaConf.to_container(model_node(model))
+    net = build_model(mcfg.pop("name"), shape, 10, **mcfg)
+    return sum(p.numel() for p in net.parameters())
+
+
+def test_a_model_option_composes_the_same_beside_any_other_group():
+    """What lets the matrix below compose each model once (a Hydra composition is ~0.1 s)."""
+    for model in options("model"):
+        full = composed("dataset=cifar10", f"model={model}", "mechanism=gep")
+        assert full.model == model_node(model), model
+
+
 @pytest.mark.parametrize("mechanism", options("mechanism"))
 @pytest.mark.parametrize("dataset", options("dataset"))
 def test_compose_every_dataset_model_mechanism(dataset, mechanism):
     # DP-Hero's measured accounting needs a fixed multiplier (test_dphero_needs_...)
     fixed = ["privacy.noise_multiplier=1"] if mechanism == "dphero" else []
+    cfg = composed(f"dataset={dataset}", f"mechanism={mechanism}", *fixed)
+    assert cfg.dataset.name == dataset
     for model in options("model"):
-        cfg = composed(f"dataset={dataset}", f"model={model}", f"mechanism={mechanism}", *fixed)
+        cfg.model = model_node(model)
         validate(cfg)
-        assert cfg.dataset.name == dataset
-        mcfg = OmegaConf.to_container(cfg.model)
-        net = build_model(mcfg.pop("name"), SHAPES[dataset], 10, **mcfg)
-        assert sum(p.numel() for p in net.parameters()) > 0
-        kcfg = OmegaConf.to_container(cfg.mechanism)
-        mech = build_mechanism(kcfg.pop("name"), **kcfg)
-        # a file is a mechanism, or a preset of one (gep_tracked: GEP with other defaults)
-        assert mech.name == mechanism or mechanism.startswith(f"{mech.name}_")
+        assert built_model(model, SHAPES[dataset]) > 0
+    kcfg = OmegaConf.to_container(cfg.mechanism)
+    mech = build_mechanism(kcfg.pop("name"), **kcfg)
+    # a file is a mechanism, or a preset of one (gep_tracked: GEP with other defaults)
+    assert mech.name == mechanism or mechanism.startswith(f"{mech.name}_")
 
 
 @pytest.mark.parametrize("group", ["aux", "optim", "logger", "privacy"])
@@ -222,14 +243,14 @@ def test_bad_values_name_the_key(override, key):
 
 def test_cli_errors_before_training(tmp_path):
     # batch larger than the dataset: needs the data, still fails before anything is written
-    proc = run_cli("train.batch_size=5000", run_dir=tmp_path / "a", check=False)
+    proc = cli_in_process("train.batch_size=5000", run_dir=tmp_path / "a", check=False)
     assert proc.returncode == 2
     assert "train.batch_size" in proc.stderr and "1437" in proc.stderr
     assert not (tmp_path / "a").exists()
-    proc = run_cli("+model.depthh=3", run_dir=tmp_path / "m", check=False)
+    proc = cli_in_process("+model.depthh=3", run_dir=tmp_path / "m", check=False)
     assert proc.returncode == 2 and "depthh" in proc.stderr and not (tmp_path / "m").exists()
     # unknown key: Hydra refuses it and names it
-    proc = run_cli("train.epochz=3", run_dir=tmp_path / "b", check=False)
+    proc = cli_in_process("train.epochz=3", run_dir=tmp_path / "b", check=False)
     assert proc.returncode != 0 and "epochz" in proc.stderr
 
 
@@ -245,7 +266,7 @@ def test_launcher_presets_compose(launcher, target):
 
 
 def test_missing_dataset_files_give_one_clear_error(tmp_path):
-    proc = run_cli(
+    proc = cli_in_process(
         "dataset=cifar10", f"data.root={tmp_path}", run_dir=tmp_path / "run", check=False
     )
     assert proc.returncode == 2
@@ -264,7 +285,7 @@ def test_a_truncated_dataset_file_gives_one_line_and_exit_2(tmp_path):
     for f in (SHARED / "MNIST" / "raw").glob("*.gz"):
         data = f.read_bytes()
         (raw / f.name).write_bytes(data[: len(data) // 3] if "train-images" in f.name else data)
-    proc = run_cli(
+    proc = cli_in_process(
         "dataset=mnist", f"data.root={tmp_path / 'data'}", run_dir=tmp_path / "run", check=False
     )
     assert proc.returncode == 2, proc.stderr

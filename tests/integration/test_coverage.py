@@ -16,7 +16,7 @@ import pytest
 from dpsub.tracking import read_metrics
 from dpsub.training.loop import train
 
-from conftest import SYNTH, compose_cfg, run_cli
+from conftest import SYNTH, cli_in_process, compose_cfg
 
 SHORT = (*SYNTH, "train.max_steps=4", "train.log_every=1", "train.eval_every=2")
 
@@ -31,7 +31,7 @@ def test_resuming_a_membership_inference_run_does_not_relabel_it_covered(tmp_pat
     assert summary(run_dir)["covered_by_epsilon"] is False
     assert "private/mia/success" in summary(run_dir)["not_covered_statistics"]
     # the real entrypoint, turning the attack off: the un-noised result stays in metrics.jsonl
-    proc = run_cli(f"resume={run_dir}", "eval.mia=false")
+    proc = cli_in_process(f"resume={run_dir}", "eval.mia=false")
     assert any("private/mia/success" in m for m in read_metrics(run_dir))
     after = summary(run_dir)
     assert after["covered_by_epsilon"] is False, proc.stderr[-2000:]

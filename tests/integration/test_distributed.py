@@ -10,27 +10,33 @@ import torch
 from dist_worker import released
 from helpers.dist import DPSGD, GEP, WORKER, torchrun
 
+RUNS = {"dpsgd": DPSGD, "gep": GEP}
 
-@pytest.mark.parametrize("overrides", [DPSGD, GEP], ids=["dpsgd", "gep"])
-def test_two_ranks_release_what_one_process_releases(tmp_path, overrides):
-    out = tmp_path / "released.pt"
-    proc = torchrun(str(WORKER), str(out), *overrides)
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict:
+    """What rank 0 released in each run of RUNS: one torchrun start (two processes) for all."""
+    out = tmp_path_factory.mktemp("dist") / "released.pt"
+    words = [w for run in RUNS.values() for w in ("::", *run)][1:]
+    proc = torchrun(str(WORKER), str(out), *words)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    two = torch.load(out, weights_only=False)
-    one = released(list(overrides))
+    return dict(zip(RUNS, torch.load(out, weights_only=False), strict=True))
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_two_ranks_release_what_one_process_releases(two_ranks, name):
+    two, one = two_ranks[name], released(list(RUNS[name]))
     assert two["rank_world"] == (0, 2) and one["rank_world"] == (0, 1)
     for g2, g1 in zip(two["grads"], one["grads"], strict=True):
         torch.testing.assert_close(g2, g1, rtol=1e-4, atol=1e-6)
     assert two["epsilon"] == one["epsilon"] and two["z"] == one["z"]
 
 
-def test_two_ranks_add_the_noise_once(tmp_path):
+def test_two_ranks_add_the_noise_once(two_ranks):
     """Release minus the noise-free release: std z C / B (one draw), not sqrt(2) z C / B."""
-    noisy = tmp_path / "noisy.pt"
-    assert torchrun(str(WORKER), str(noisy), *DPSGD).returncode == 0
     clean = released(list(DPSGD), noise_free=True)  # the same batches, no noise
     noise = torch.cat(
-        [a - b for a, b in zip(torch.load(noisy)["grads"], clean["grads"], strict=True)]
+        [a - b for a, b in zip(two_ranks["dpsgd"]["grads"], clean["grads"], strict=True)]
     )
     expected = 2.0 * 1.0 / 64  # z * C / B
     assert noise.std().item() == pytest.approx(expected, rel=0.03)

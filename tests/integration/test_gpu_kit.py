@@ -6,7 +6,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -19,20 +18,18 @@ from dpsub.experiments.gpu import cells, kit, stage
 from dpsub.experiments.gpu.harvest import harvest
 from dpsub.training.checkpoint import restore_rng, rng_state
 
-from conftest import REPO
+from conftest import REPO, run_script_in_process
+from helpers.gpu_kit import planned_carry
 
 SCRIPT = REPO / "scripts" / "gpu_run.py"
-SHARED = REPO.parent / "shared"
 PAPER = ("gep1-cifar10-paper",)  # the campaign of GEP Table 1 CIFAR-10, paper setting
 
 
-def gpu_run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def gpu_run(*args: str) -> subprocess.CompletedProcess:
+    """``python scripts/gpu_run.py ARGS``, in this process (conftest.run_script_in_process)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
     env.pop("DPSUB_DATA", None)
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-        timeout=timeout, cwd=REPO, env=env,
-    )  # fmt: skip
+    return run_script_in_process(SCRIPT, *args, env=env)
 
 
 def test_bad_setup_is_one_line_and_exit_2(tmp_path):
@@ -51,28 +48,10 @@ def test_every_step_fits_one_command():
     assert runner.grace_s < runner.min_cell_s < kit.BOUNDS["cells"]
 
 
-def planned_carry(tmp_path: Path) -> list[tuple[str, int]]:
-    """What a GPU command carries: the tree, the staging of cifar10 + aux, one cell's checkpoint."""
-    tree = stage.carry_list(REPO, carried=())
-    items = [(str(p), n) for p, n in tree]
-    if (SHARED / "device" / "wheels").is_dir():
-        items += [(str(w), w.stat().st_size) for w in (SHARED / "device/wheels").glob("*.whl")]
-        packed = tmp_path / stage.PACKED_AUX
-        items.append(
-            ("aux packed", stage.pack_aux(SHARED / "data" / stage.AUX_FILE, packed)["bytes"])
-        )
-    # an in-progress cell: ResNet20's weights and momentum (float32), ledger, logs: < 4 MiB
-    items.append(("cell checkpoint", 4 * stage.MiB))
-    return items
-
-
 def test_carry_list_fits_64_mib(tmp_path):
-    items = planned_carry(tmp_path)
-    if (SHARED / "data" / "cifar10_jpeg" / "cifar10_jpeg.npz").is_file():
-        dest = tmp_path / stage.PACKED_CIFAR
-        stage.pack_cifar10(SHARED / "data/cifar10_jpeg/cifar10_jpeg.npz", dest)
-        items.append(("cifar10 packed", dest.stat().st_size))
-    total = sum(n for _, n in items)
+    """The tree, the wheels and a cell's checkpoint (with the real aux and CIFAR-10 packs,
+    which take half a minute: tests/e2e/test_e2e_gpu_kit.py)."""
+    total = sum(n for _, n in planned_carry(tmp_path, real_data=False))
     assert total <= stage.CARRY_LIMIT, f"{total / stage.MiB:.1f} MiB would travel"
     tracked = {str(p) for p in stage.git_files(REPO)}
     assert str(REPO / "pyproject.toml") in tracked and not any("/.gpu/" in p for p in tracked)
@@ -168,7 +147,8 @@ def test_seeded_streams_change_device_only_from_a_clean_checkpoint():
 def test_queue_runs_gep_in_its_own_regime_first_then_the_short_campaigns(tmp_path):
     jobs = cells.queue(tmp_path)
     order = list(dict.fromkeys((j.table, j.setting) for j in jobs))
-    assert order == [("gep1-cifar10", "sim-eps2"), ("gep1-cifar10", "paper"),
+    assert order == [("gep1-cifar10", "sim-eps2"), ("de2022-cifar10", "paper"),
+                     ("gep1-cifar10", "paper"),
                      ("gep5-aux", "reduced"), ("gep6-anchors", "reduced"),
                      ("rgp-head-cifar10", "reduced"), ("gep-cadence", "paper"),
                      ("gep1-cifar10", "cpu-long")]  # fmt: skip

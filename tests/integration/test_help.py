@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,19 +12,17 @@ from omegaconf import OmegaConf
 
 from dpsub.config import compose
 
+from conftest import run_in_process
+
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
 
 
 @pytest.fixture(scope="module")
 def help_text() -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "dpsub.cli.train", "hydra/help=dpsub", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DPSUB_DATA": "/nonexistent"},
-    )
+    """``python -m dpsub.cli.train hydra/help=dpsub --help``'s output (its cli() in this process)."""
+    env = {**os.environ, "DPSUB_DATA": "/nonexistent"}
+    proc = run_in_process("dpsub.cli.train", ["hydra/help=dpsub", "--help"], env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from dpsub.config import compose
 from dpsub.pate import run as pate_run
 from dpsub.pate.teachers import TeacherOptions, train_chunk
 
-from conftest import REPO
+from conftest import run_in_process
 
 TINY = [
     "pate.teachers=8", "pate.public_size=150", "pate.sigma2=3.0", "privacy.epsilon=40",
@@ -127,10 +126,8 @@ def test_pate_end_to_end_and_resume(tmp_path, monkeypatch):
 )  # fmt: skip
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, arg, key):
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "dpsub.cli.pate", arg, f"out_dir={out}", "logger=disabled"],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
-    )  # fmt: skip
+    words = [arg, f"out_dir={out}", "logger=disabled"]  # dpsub-pate's cli() in this process
+    proc = run_in_process("dpsub.cli.pate", words, dict(os.environ))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert key in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not out.exists()
@@ -166,18 +163,20 @@ def test_validation_split_tunes_without_the_test_set(tmp_path, monkeypatch):
 def test_votes_cache_shares_teachers_across_budgets_only(tmp_path, monkeypatch):
     """Runs that differ only in the aggregator or the budget read the cached votes; a run
     whose teachers differ (another seed) trains its own."""
-    cache = f"pate.votes_cache={tmp_path / 'cache'}"
-    first = run_pate(_cfg(cache), tmp_path / "a")
+    # one epoch each: what is cached does not depend on how well the models learn
+    cache = (f"pate.votes_cache={tmp_path / 'cache'}", "pate.teacher.epochs=1",
+             "pate.student.epochs=1")  # fmt: skip
+    first = run_pate(_cfg(*cache), tmp_path / "a")
     assert len(list((tmp_path / "cache").glob("*.npy"))) == 1
     calls = []
     real = pate_run.compute_votes
     monkeypatch.setattr(pate_run, "compute_votes", lambda *a: calls.append(1) or real(*a))
-    other = run_pate(_cfg(cache, "privacy.epsilon=20", "pate.sigma2=5.0"), tmp_path / "b")
+    other = run_pate(_cfg(*cache, "privacy.epsilon=20", "pate.sigma2=5.0"), tmp_path / "b")
     assert calls == [] and other["queries"] != first["queries"]
     assert np.array_equal(
         np.load(tmp_path / "a" / pate_run.VOTES), np.load(tmp_path / "b" / pate_run.VOTES)
     )
-    run_pate(_cfg(cache, "seed=1"), tmp_path / "c")
+    run_pate(_cfg(*cache, "seed=1"), tmp_path / "c")
     assert calls == [1] and len(list((tmp_path / "cache").glob("*.npy"))) == 2
 
 

@@ -2,8 +2,9 @@
 
 Each line is mapped to the cheap overrides appended to it (steps, evaluation, where to
 write) in tests/helpers/readme.py. A README line without an entry there, or an entry whose line
-left the README, fails the test: the README and what is tested cannot drift apart. The lines
-that train run in tests/e2e/test_e2e_readme.py.
+left the README, fails the test: the README and what is tested cannot drift apart. The fast
+lines run ``dpsub.cli.train.cli()`` in this process; the lines that train run as subprocesses in
+tests/e2e/test_e2e_readme.py.
 """
 
 from __future__ import annotations
@@ -24,4 +25,4 @@ def test_every_usage_line_is_tested():
 
 @pytest.mark.parametrize("line", FAST)
 def test_usage_line_runs(line, tmp_path):
-    check_usage_line(line, tmp_path)
+    check_usage_line(line, tmp_path, in_process=True)

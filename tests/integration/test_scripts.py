@@ -1,5 +1,6 @@
 """scripts/plot_runs.py and scripts/summarize_runs.py on tiny fake run dirs, run as
-the user runs them (subprocesses from another working directory)."""
+the user runs them (``python scripts/X.py ARGS`` from another working directory, in this
+process)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import run_script_in_process
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -42,14 +44,11 @@ def make_run(parent: Path, name: str, mech: str = "dpsgd", acc: float = 0.5, see
 
 
 def run_script(script: str, *args, cwd: Path) -> subprocess.CompletedProcess:
+    """``python scripts/SCRIPT ARGS`` from ``cwd``, in this process (a subprocess each spent
+    seconds starting; conftest.run_script_in_process)."""
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(
-        [sys.executable, str(SCRIPTS / script), *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "MPLBACKEND": "Agg"},
-    )
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    return run_script_in_process(SCRIPTS / script, *args, env=env, cwd=cwd)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:

@@ -3,14 +3,14 @@ others, and an interrupted sweep continues (docs/sweeps.md)."""
 
 from __future__ import annotations
 
-from conftest import run_cli
+from conftest import cli_in_process
 from helpers.sweeps import SMALL
 
 
 def test_a_job_without_its_data_fails_the_sweep_before_any_job_starts(tmp_path):
     """Issue 19.4: the CIFAR-10 job stopped the sweep and the digits job never ran."""
     sweep = tmp_path / "sweep"
-    proc = run_cli(
+    proc = cli_in_process(
         "-m", "dataset=cifar10,digits,fashion_mnist", *SMALL, f"data.root={tmp_path / 'none'}",
         f"hydra.sweep.dir={sweep}", check=False, timeout=120,
     )  # fmt: skip
@@ -34,7 +34,7 @@ def test_continuing_a_sweep_refuses_overrides_that_change_its_runs(tmp_path):
     (sweep / "multirun.yaml").write_text(
         "hydra:\n  overrides:\n    hydra: [hydra.mode=MULTIRUN]\n    task: ['seed=0,1']\n"
     )
-    proc = run_cli(f"resume={sweep}", "privacy.epsilon=9", check=False, timeout=120)
+    proc = cli_in_process(f"resume={sweep}", "privacy.epsilon=9", check=False, timeout=120)
     assert proc.returncode == 2 and "privacy.epsilon=9" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 

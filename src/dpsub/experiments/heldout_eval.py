@@ -38,6 +38,9 @@ def fail(msg: str) -> None:
     raise SystemExit(2)
 
 
+from dpsub.training.ema import released_state  # noqa: E402
+
+
 def heldout(cfg, val_size: int, val_seed: int, cache: dict):
     """(x, y, number of classes, fingerprint of the trained-on subset) for the run's config."""
     d = typed_group("dataset", cfg.dataset)  # a saved config's, with the schema's defaults
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             fail(f"{run}: the recomputed training subset is not the one the run trained on")
         mcfg = OmegaConf.to_container(cfg.model, resolve=True)
         model = build_model(mcfg.pop("name"), tuple(x.shape[1:]), num_classes, **mcfg)
-        model.load_state_dict(ckpt["state"]["model"])
+        model.load_state_dict(released_state(ckpt["state"]))  # (the EMA weights if averaged)
         acc, loss = evaluate(model, x, y, int(cfg.train.eval_batch_size))
         out = {"val_accuracy": acc, "val_loss": loss, "val_size": len(y), "val_seed": args.val_seed}
         (run / VALIDATION).write_text(json.dumps(out, indent=2) + "\n")

@@ -37,6 +37,20 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "api-releases-any-batch",
+        "src/dpsub/api/private.py",
+        "if drawn is None or x is not drawn[1] or y is not drawn[2]:",
+        "if drawn is None:",
+        ("tests/integration/test_api.py", "-k", "only_the_batch"),
+    ),
+    Mutant(
+        "api-steps-beyond-the-plan",
+        "src/dpsub/api/private.py",
+        "        if self.run.step >= self.run.total_steps:\n            raise BudgetExhausted(",
+        "        if False:\n            raise BudgetExhausted(",
+        ("tests/integration/test_api.py", "-k", "beyond_the_plan"),
+    ),
+    Mutant(
         "row-with-overflowing-norm-kept",
         "src/dpsub/grads/clip.py",
         "    ok = torch.isfinite(norms)\n    if bool(ok.all()):",
@@ -71,6 +85,20 @@ MUTANTS = (
         'mean, std = public_stats(extract(public, "public"))',
         "mean, std = public_stats(train)",
         ("tests/unit/test_features.py", "-k", "private_split"),
+    ),
+    Mutant(
+        "efficientnet-input-normalized-by-the-batch",
+        "src/dpsub/features/efficientnet.py",
+        "        x = (x - self.mean) / self.std",
+        "        x = (x - x.mean((0, 2, 3), keepdim=True)) / x.std((0, 2, 3), keepdim=True)",
+        ("tests/unit/test_features.py", "-k", "efficientnet_input_normalization"),
+    ),
+    Mutant(
+        "feature-cache-key-ignores-the-weights",
+        "src/dpsub/features/efficientnet.py",
+        '"name": name, "weights": file_hash(path),',
+        '"name": name,',
+        ("tests/unit/test_features.py", "-k", "invalidated_by_the_weights"),
     ),
     Mutant(
         "pate-data-dependent-epsilon-still-covered",
@@ -268,8 +296,8 @@ MUTANTS = (
     Mutant(
         "distributed-sums-not-reduced",
         "src/dpsub/training/build.py",
-        "Privatizer(source, reduce=dist.all_reduce if dist.active else None)",
-        "Privatizer(source, reduce=None)",
+        "Privatizer(noise_source, reduce=dist.all_reduce if dist.active else None)",
+        "Privatizer(noise_source, reduce=None)",
         ("tests/integration/test_distributed.py", "-k", "release_what"),
     ),
     Mutant(
@@ -455,11 +483,33 @@ MUTANTS = (
     Mutant(
         "amp-clipped-sum-in-bf16",
         "src/dpsub/grads/engine.py",
-        "                grads, (loss, correct) = self.engine._per_example_fn(target)(params, xb, yb)\n"
-        "            acc.add(",
-        "                grads, (loss, correct) = self.engine._per_example_fn(target)(params, xb, yb)\n"
-        "                acc.add(",
+        "                grads, (loss, correct) = fn(params, xb, yb)\n            acc.add(",
+        "                grads, (loss, correct) = fn(params, xb, yb)\n                acc.add(",
         ("tests/unit/test_amp.py", "-k", "float32"),
+    ),
+    Mutant(
+        "augmult-views-averaged-after-clipping",
+        "src/dpsub/grads/engine.py",
+        "        fn = self.engine._per_example_fn(target, self.engine.views_of(x))\n"
+        "        for xb, yb in self.engine._microbatches(x, y):\n"
+        "            with self.engine.autocast(x.device):\n"
+        "                grads, (loss, correct) = fn(params, xb, yb)\n"
+        '            acc.add("grad", [grads[n] for n in target.layout.names], clip)',
+        "        k = self.engine.views_of(x)\n"
+        "        fn = self.engine._per_example_fn(target, 1)\n"
+        "        xs = x.flatten(0, 1) if k > 1 else x\n"
+        "        for xb, yb in self.engine._microbatches(xs, y.repeat_interleave(k)):\n"
+        "            with self.engine.autocast(x.device):\n"
+        "                grads, (loss, correct) = fn(params, xb, yb)\n"
+        '            acc.add("grad", [grads[n] / k for n in target.layout.names], clip / k)',
+        ("tests/unit/test_augmult.py", "-k", "average_of_the_views and vmap"),
+    ),
+    Mutant(
+        "ema-saved-without-its-state",
+        "src/dpsub/training/build.py",
+        '**({"ema": run.ema.state_dict()} if run.ema is not None else {}),',
+        '**({"ema": {"updates": 0, "avg": {}}} if run.ema is not None else {}),',
+        ("tests/unit/test_ema.py", "-k", "resume_bit_exactly"),
     ),
     Mutant(
         "resume-on-another-device-from-mid-run-checkpoint",

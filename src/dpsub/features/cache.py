@@ -1,4 +1,5 @@
-"""The on-disk feature cache: ``<cache_dir>/features/<key>.pt``.
+"""The on-disk feature cache: ``<cache_dir>/features/<key>.pt`` (and, while an extraction
+runs, its finished batches in ``<key>.parts/``, from which a killed extraction resumes).
 
 The key hashes the extractor's identity (name, options, weights hash, library version)
 and a fingerprint of the exact input images (shape and bytes), so a different extractor,
@@ -12,6 +13,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -50,25 +53,77 @@ def run_extractor(
     return torch.cat(out)
 
 
+#: seconds of extraction between two writes of finished batches (a killed extraction
+#: resumes from the last write and loses at most this much)
+SAVE_EVERY_S = 60.0
+
+
 def cached_features(
     extractor, ident, x, cache_dir: Path, batch: int, image_size, what: str, counter=None
 ):
     """The extractor's features of ``x`` (from the cache, or computed once and stored).
-    ``counter(total, what)``: progress while extracting (the trainer's
+    Resumable: finished batches are written to ``<key>.parts/`` every :data:`SAVE_EVERY_S`
+    seconds, a later call with the same key starts after them, and the parts become one
+    file at the end. ``counter(total, what)``: progress while extracting (the trainer's
     :class:`~dpsub.training.progress.Counter`: a bar, or a line at each tenth)."""
     path = Path(cache_dir) / "features" / f"{cache_key(ident, x, image_size)}.pt"
     if path.is_file():
         log.info("features of %s (%d examples): cached %s", what, len(x), path)
         return torch.load(path, map_location="cpu", weights_only=True)
+    parts = path.with_suffix(".parts")
+    done = finished_parts(parts)
+    start = sum(len(t) for t in done)
     log.info("features of %s (%d examples): extracting with %s", what, len(x), ident["name"])
+    if start:
+        log.info("features of %s: resuming after %d examples in %s", what, start, parts)
     progress = counter(len(x), f"features of {what}") if counter is not None else None
     try:
-        feats = run_extractor(extractor, x, batch, image_size, progress)
+        if progress is not None and start:
+            progress.advance(start)
+        done += _extract_parts(extractor, x, batch, image_size, progress, parts, start)
     finally:
         if progress is not None:
             progress.close()
+    feats = torch.cat(done) if done else torch.empty(0)
+    _save(feats, path)  # atomic: a concurrent run never reads half a file
+    shutil.rmtree(parts, ignore_errors=True)
+    return feats
+
+
+def _extract_parts(extractor, x, batch, image_size, progress, parts: Path, start: int):
+    """Features of ``x[start:]``, batch by batch, written to ``parts`` every SAVE_EVERY_S s."""
+    out, pending, first, last = [], [], start, time.monotonic()
+    for i in range(start, len(x), batch):
+        pending.append(run_extractor(extractor, x[i : i + batch], batch, image_size, progress))
+        stop = min(i + batch, len(x))
+        if time.monotonic() - last >= SAVE_EVERY_S or stop == len(x):
+            chunk = torch.cat(pending)
+            _save(chunk, parts / f"{first:09d}-{stop:09d}.pt")
+            out.append(chunk)
+            pending, first, last = [], stop, time.monotonic()
+    return out
+
+
+def finished_parts(parts: Path) -> list[torch.Tensor]:
+    """The written parts that continue each other from example 0 (``start-stop.pt``)."""
+    found = {}
+    for f in parts.glob("*.pt") if parts.is_dir() else ():
+        a, _, b = f.stem.partition("-")
+        if a.isdigit() and b.isdigit():
+            found[int(a)] = (int(b), f)
+    out, pos = [], 0
+    while pos in found:
+        stop, f = found[pos]
+        t = torch.load(f, map_location="cpu", weights_only=True)
+        if len(t) != stop - pos:
+            break
+        out.append(t)
+        pos = stop
+    return out
+
+
+def _save(t: torch.Tensor, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    torch.save(feats, tmp)
-    tmp.replace(path)  # atomic: a concurrent run never reads half a file
-    return feats
+    torch.save(t, tmp)
+    tmp.replace(path)

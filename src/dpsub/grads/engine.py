@@ -32,13 +32,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from dpsub.choices import BACKENDS
 from dpsub.grads.clip import ClippedAccumulator, ClipStats
 from dpsub.grads.layout import ParamLayout
+from dpsub.grads.loss import LossFn, correct, cross_entropy, per_example
 from dpsub.privacy.noise import Sensitive
 
 Forward = Callable[[dict[str, Tensor], Tensor], Tensor]
@@ -131,6 +131,11 @@ def auto_microbatch(
     return 1 << (int(fits).bit_length() - 1)
 
 
+def example_losses(losses: Tensor, k: int) -> Tensor:
+    """Per-example losses from :meth:`GradEngine.view_losses`' rows (k views: their sum)."""
+    return losses if k == 1 else losses.view(-1, k).sum(1)
+
+
 # ------------------------------------------------------------- backends
 class VmapBackend:
     """``grads.backend=vmap``: ``torch.func.vmap(grad(...))`` over any target.
@@ -149,17 +154,19 @@ class VmapBackend:
 
     def chunk(self, x: Tensor, y: Tensor, target: GradTarget) -> Chunk:
         params = {n: p.detach() for n, p in target.params.items()}
+        fn = self.engine._per_example_fn(target, self.engine.views_of(x))
         with self.engine.autocast(x.device):
-            grads, (loss, correct) = self.engine._per_example_fn(target)(params, x, y)
+            grads, (loss, correct) = fn(params, x, y)
         return Chunk(target.layout.flatten(grads, batch=True), loss.float(), correct)
 
     def clipped_sum(self, x: Tensor, y: Tensor, clip: float, target: GradTarget) -> ClippedSum:
         """Clip the per-parameter rows, never concatenated into (b, p)."""
         stats, acc = BatchStats(), ClippedAccumulator()
         params = {n: p.detach() for n, p in target.params.items()}
+        fn = self.engine._per_example_fn(target, self.engine.views_of(x))
         for xb, yb in self.engine._microbatches(x, y):
             with self.engine.autocast(x.device):
-                grads, (loss, correct) = self.engine._per_example_fn(target)(params, xb, yb)
+                grads, (loss, correct) = fn(params, xb, yb)
             acc.add("grad", [grads[n] for n in target.layout.names], clip)  # float32
             stats.add(loss, correct)
         return _finished(acc, stats, clip, target, x.device)
@@ -194,14 +201,14 @@ class OpacusBackend(VmapBackend):
         for p in engine._params:
             p.grad_sample = None
             p.grad = None
-        logits = self._gsm(x)
-        losses = F.cross_entropy(logits, y, reduction="none")
-        losses.sum().backward()
-        flat = torch.cat([p.grad_sample.reshape(x.shape[0], -1) for p in engine._params], dim=1)
+        k, b = engine.views_of(x), x.shape[0]
+        logits, losses = engine.view_losses(self._gsm, x, y, k)
+        losses.sum().backward()  # per view: its example's loss is the mean over its views
+        flat = torch.cat([p.grad_sample.reshape(b, k, -1).sum(1) for p in engine._params], dim=1)
         for p in engine._params:
             p.grad_sample = None
             p.grad = None
-        return Chunk(flat, losses.detach(), logits.detach().argmax(-1) == y)
+        return Chunk(flat, example_losses(losses.detach(), k), correct(logits.detach(), y))
 
     def clipped_sum(self, x: Tensor, y: Tensor, clip: float, target: GradTarget) -> ClippedSum:
         stats, acc = BatchStats(), ClippedAccumulator()
@@ -226,22 +233,25 @@ class GhostBackend(VmapBackend):
         from dpsub.grads.ghost import GhostClipper
 
         if self._clipper is None:
-            self._clipper = GhostClipper(self.engine.model, microbatch=self.engine.microbatch)
+            e = self.engine
+            self._clipper = GhostClipper(e.model, microbatch=e.microbatch, loss_fn=e.loss_fn)
         return self._clipper
 
     def chunk(self, x: Tensor, y: Tensor, target: GradTarget) -> Chunk:
         if target is not self.engine.target:
             return super().chunk(x, y, target)
-        return Chunk(*next(self.clipper().per_example(x, y)))
+        return Chunk(*next(self.clipper().per_example(x, y, self.engine.views_of(x))))
 
     def clipped_sum(self, x: Tensor, y: Tensor, clip: float, target: GradTarget) -> ClippedSum:
+        k = self.engine.views_of(x)
         if target is self.engine.target:
-            r = self.clipper().clipped_sum(x, y, clip)
+            r = self.clipper().clipped_sum(x, y, clip, views=k)
         elif target.module is not None:  # its flat sum put back in the target's order
             from dpsub.grads.ghost import GhostClipper
 
-            clipper = GhostClipper(target.module, microbatch=self.engine.microbatch)
-            r = clipper.clipped_sum(x, y, clip)
+            e = self.engine
+            clipper = GhostClipper(target.module, microbatch=e.microbatch, loss_fn=e.loss_fn)
+            r = clipper.clipped_sum(x, y, clip, views=k)
             parts = ParamLayout.of(target.module).unflatten(r.grad_sum)
             named = {target.module_names[n]: t for n, t in parts.items()}
             r.grad_sum = target.layout.flatten(named)
@@ -266,9 +276,10 @@ assert tuple(BACKEND_CLASSES) == BACKENDS, "dpsub.choices.BACKENDS names every s
 
 
 class GradEngine:
-    """Per-example, clipped-sum and mean gradients of a classifier's cross-entropy loss.
+    """Per-example, clipped-sum and mean gradients of a per-example loss.
 
-    ``dist``: a :class:`~dpsub.training.distributed.Dist` in multi-process training (its
+    ``loss_fn(outputs, targets) -> (B,)``: cross-entropy of logits by default
+    (:mod:`dpsub.grads.loss`). ``dist``: a :class:`~dpsub.training.distributed.Dist` in multi-process training (its
     rank splits public gradients and reduces mean gradients), else None.
     """
 
@@ -279,12 +290,14 @@ class GradEngine:
         backend: str = "vmap",
         compile: bool = False,
         dist=None,
+        loss_fn: LossFn = cross_entropy,
     ):
         if backend not in BACKEND_CLASSES:
             raise ValueError(f"grads.backend must be one of {BACKENDS}, got {backend!r}")
         if microbatch < 1:
             raise ValueError(f"grads.microbatch must be >= 1, got {microbatch}")
         self.model = model
+        self.loss_fn = loss_fn
         self.microbatch = int(microbatch)
         self.backend = backend
         self.strategy = BACKEND_CLASSES[backend](self)
@@ -293,8 +306,10 @@ class GradEngine:
         self.layout = self.target.layout
         self._params = list(self.target.params.values())
         self.dist = dist if dist is not None and dist.active else None
-        self._vmapped: dict[int, Callable] = {}
+        self._vmapped: dict[tuple[int, int], Callable] = {}
         self.amp: torch.dtype | None = None  # train.amp: autocast dtype of forward/backward
+        #: train.augmult: the private batch arrives as (b, K, *example) views (None: K = 1)
+        self.augmult = None
 
     def autocast(self, device: torch.device):
         """Autocast for computing gradients only (``train.amp``); clipping runs outside it."""
@@ -320,14 +335,35 @@ class GradEngine:
         for p, off, n in zip(self._params, self.layout.offsets, self.layout.numels, strict=True):
             p.grad = flat[off : off + n].view_as(p).clone()
 
-    def _per_example_fn(self, target: GradTarget) -> Callable:
-        key = id(target.forward)
+    def views_of(self, x: Tensor) -> int:
+        """K when ``x`` is a batch of views ``(b, K, C, H, W)`` (``train.augmult``), else 1
+        (a private batch without augmult, or public examples: anchors, a public set)."""
+        return self.augmult.k if self.augmult is not None and x.dim() == 5 else 1
+
+    def view_losses(self, model, x: Tensor, y: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """``(logits, losses)`` of a batch: per example, or with ``k`` views per example (x of
+        shape (b, k, ...)) the view-mean logits and each view's loss / k as (b * k,) rows: the
+        gradient of their sum is, per example, the mean of its views' gradients."""
+        if k == 1:
+            logits = model(x)
+            return logits, per_example(self.loss_fn, logits, y)
+        logits = model(x.flatten(0, 1))
+        losses = per_example(self.loss_fn, logits, y.repeat_interleave(k, dim=0)) / k
+        return logits.view(x.shape[0], k, *logits.shape[1:]).mean(1), losses
+
+    def _per_example_fn(self, target: GradTarget, views: int = 1) -> Callable:
+        key = (id(target.forward), views)
         if key not in self._vmapped:
 
             def single_loss(params, x, y):
+                if views > 1:  # x: the example's K views; its loss is their mean
+                    logits = target.forward(params, x)
+                    loss = per_example(self.loss_fn, logits, y.expand(views, *y.shape)).mean()
+                    mean = logits.detach().mean(0, keepdim=True)
+                    return loss, (loss.detach(), correct(mean, y.unsqueeze(0))[0])
                 logits = target.forward(params, x.unsqueeze(0))
-                loss = F.cross_entropy(logits, y.unsqueeze(0))
-                return loss, (loss.detach(), logits.detach().argmax(-1).squeeze(0) == y)
+                loss = per_example(self.loss_fn, logits, y.unsqueeze(0)).sum()
+                return loss, (loss.detach(), correct(logits.detach(), y.unsqueeze(0))[0])
 
             fn = vmap(grad(single_loss, has_aux=True), in_dims=(None, 0, 0))
             if self.compile:  # dynamic: Poisson batches (and last micro-batches) vary in size
@@ -382,13 +418,13 @@ class GradEngine:
         """Ordinary (non-private) mean gradient, one backward pass per micro-batch."""
         total = torch.zeros(self.dim, device=x.device)
         stats = BatchStats()
+        k = self.views_of(x)
         for xb, yb in self._microbatches(x, y):
             with self.autocast(x.device):
-                logits = self.model(xb)
-                per = F.cross_entropy(logits, yb, reduction="none")
+                logits, per = self.view_losses(self.model, xb, yb, k)
             gs = torch.autograd.grad(per.sum(), self._params)
             total += torch.cat([g.reshape(-1) for g in gs])
-            stats.add(per.detach(), logits.detach().argmax(-1) == yb)
+            stats.add(example_losses(per.detach(), k), correct(logits.detach(), yb))
         n = torch.tensor(float(x.shape[0]), device=x.device)
         if self.distributed:  # the mean over every rank's shard
             total, n = self.dist.all_reduce(total), self.dist.all_reduce(n)

@@ -72,6 +72,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpsub.grads.clip import clip_factors
 from dpsub.grads.layout import ParamLayout
+from dpsub.grads.loss import LossFn, correct, cross_entropy, per_example
 
 __all__ = ["RULES", "GhostClipper", "GhostError", "GhostResult", "LayerRule", "register_rule"]
 
@@ -253,7 +254,7 @@ def _check_versions(layers: list[_Layer]) -> None:
 class _Chunk:
     """Per-example pieces of one micro-batch, before the clip factors are known."""
 
-    b: int
+    b: int  # examples
     sq: Tensor  # (b,) squared norms of the parts not kept in ``mat``
     keep_left: int  # bytes of per-example gradients that may still be kept in ``mat``
     mat: dict[str, Tensor] = field(default_factory=dict)  # name -> (b, *shape)
@@ -263,6 +264,17 @@ class _Chunk:
     buffers: dict[str, Tensor] | None = None
     #: per-example rows written straight into the caller's (b, p) matrix: name -> its view
     rows_into: dict[str, Tensor] | None = None
+    #: views per example (``train.augmult``): the layers saw b * views rows, example i's
+    #: views being rows i * views ... (i + 1) * views - 1; its gradient is their sum
+    views: int = 1
+
+    def fold(self, t: Tensor) -> Tensor:
+        """Per-view rows (b * views, ...) summed into per-example rows (b, ...)."""
+        return t if self.views == 1 else t.view(self.b, self.views, *t.shape[1:]).sum(1)
+
+    def unfold(self, t: Tensor | None) -> Tensor | None:
+        """Per-example rows (b, ...) repeated for each view (b * views, ...)."""
+        return t if t is None or self.views == 1 else t.repeat_interleave(self.views, 0)
 
     def buffer(
         self, key: str, shape: tuple[int, ...], like: Tensor, name: str = ""
@@ -322,6 +334,22 @@ def _per_example_few_channels(m: nn.Conv2d, a: Tensor, g: Tensor, pad) -> Tensor
     return r.permute(1, 2, 0, 3, 4).contiguous()
 
 
+def _by_example(t: Tensor, b: int) -> Tensor:
+    """(b * views, T, d) per-view patches as (b, views * T, d): an example's views are more
+    positions of the same matrix product, so ``grad_W(i) = sum_v B_iv^T A_iv = B_i^T A_i``
+    and its ghost norm ``<A_i A_i^T, B_i B_i^T>`` holds the cross-view Gram terms."""
+    return t if t.shape[0] == b else t.reshape(b, -1, t.shape[-1])
+
+
+def _views_as_batch(t: Tensor, views: int) -> Tensor:
+    """(k * views, C, H, W) rows as (views, k * C, H, W): the views of k examples as the batch
+    of a convolution with the examples folded into the channels (which sums over its batch)."""
+    if views == 1:
+        return t.reshape(1, -1, *t.shape[2:])
+    k = t.shape[0] // views
+    return t.view(k, views, *t.shape[1:]).transpose(0, 1).reshape(views, -1, *t.shape[2:])
+
+
 def _ghost_sq(A: Tensor, B: Tensor) -> Tensor:
     """``||B_i^T A_i||_F^2 = <A_i A_i^T, B_i B_i^T>`` per example, without forming B_i^T A_i."""
     if A.shape[1] == 1:
@@ -340,7 +368,7 @@ def _prefer_ghost(lay: _Layer, chunk: _Chunk, io: list, strategy: str) -> bool:
     if strategy != "auto":
         return strategy == "ghost"
     sizes = [lay.rule.dims(lay, a, g) for a, g in io]
-    T, (_, d, out) = sum(t for t, _, _ in sizes), sizes[0]
+    T, (_, d, out) = sum(t for t, _, _ in sizes) * chunk.views, sizes[0]  # views: positions
     kept = chunk.keep_left >= chunk.b * d * out * io[0][1].element_size()
     ghost = T * T * (d + out) + T * d * out
     return ghost < T * d * out + d * out + (d * out if kept else T * d * out)
@@ -402,8 +430,11 @@ class _MatmulRule(LayerRule):
         """``(A, B)``: (b, T, d) inputs and (b, T, out) output gradients; out_t = W A_t (+ bias)."""
         raise NotImplementedError
 
-    def per_example(self, lay: _Layer, a: Tensor, g: Tensor, out: Tensor | None = None) -> Tensor:
-        """``grad_W(i) = B_i^T A_i`` as (b, *W.shape) (written into ``out`` if given)."""
+    def per_example(
+        self, lay: _Layer, a: Tensor, g: Tensor, out: Tensor | None = None, views: int = 1
+    ) -> Tensor:
+        """``grad_W(i) = B_i^T A_i`` as (b, *W.shape) (written into ``out`` if given); with
+        ``views`` rows per example, ``sum_v B_iv^T A_iv`` (b = rows / views)."""
         raise NotImplementedError
 
     def summed(self, lay: _Layer, a: Tensor, g: Tensor) -> Tensor:
@@ -423,12 +454,13 @@ class _MatmulRule(LayerRule):
         if not io:
             return "unused"
         if "bias" in lay.params:
-            chunk.add(lay.names["bias"], _total(self.bias_grad(lay, g) for _, g in io))
+            chunk.add(lay.names["bias"], chunk.fold(_total(self.bias_grad(lay, g) for _, g in io)))
         if "weight" not in lay.params:
             return "materialize"
         name = lay.names["weight"]
         if _prefer_ghost(lay, chunk, io, strategy):
-            pairs = [self.patches(lay, a, g) for a, g in io]  # several calls: T positions each
+            # several calls, several views: T positions each, example i's all in its row i
+            pairs = [[_by_example(t, chunk.b) for t in self.patches(lay, a, g)] for a, g in io]
             A, B = (torch.cat(t, 1) if len(io) > 1 else t[0] for t in zip(*pairs, strict=True))
             chunk.sq += _ghost_sq(A, B)
             choice = "ghost"
@@ -437,7 +469,7 @@ class _MatmulRule(LayerRule):
             fits = chunk.b * w.numel() * io[0][1].element_size() <= chunk.keep_left
             if len(io) == 1 and fits and not lay.shared:  # to a reused buffer
                 out = chunk.buffer(lay.name, tuple(w.shape), io[0][1], name)
-            G = _total(self.per_example(lay, a, g, out) for a, g in io)
+            G = _total(self.per_example(lay, a, g, out, chunk.views) for a, g in io)
             if lay.shared or chunk.keep(G):
                 chunk.add(name, G)
                 return "materialize"
@@ -459,9 +491,9 @@ class LinearRule(_MatmulRule):
         b = g.shape[0]
         return a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
 
-    def per_example(self, lay, a, g, out=None):
-        b, shape = g.shape[0], lay.params["weight"].shape
-        A, B = self.patches(lay, a, g)
+    def per_example(self, lay, a, g, out=None, views=1):
+        b, shape = g.shape[0] // views, lay.params["weight"].shape
+        A, B = (_by_example(t, b) for t in self.patches(lay, a, g))
         if out is None:
             return torch.bmm(B.mT, A).view(b, *shape)
         torch.bmm(B.mT, A, out=out.view(b, shape[0], -1))
@@ -489,21 +521,21 @@ class Conv2dRule(_MatmulRule):
         unf = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=pad, stride=m.stride)
         return unf.mT, g.flatten(2).mT
 
-    def per_example(self, lay, a, g, out=None):
+    def per_example(self, lay, a, g, out=None, views=1):
         """The weight gradient of a convolution with the batch folded into the channels
-        (``groups * k`` groups for k examples)."""
-        b, m, shape = g.shape[0], lay.module, lay.params["weight"].shape
+        (``groups * k`` groups for k examples; an example's views are its batch)."""
+        b, m, shape = g.shape[0] // views, lay.module, lay.params["weight"].shape
         a, pad = _conv_in(m, a)
         if not g.is_cuda and m.groups == 1 and shape[1] <= _FEW_CHANNELS:
-            return _per_example_few_channels(m, a, g, pad)
+            G = _per_example_few_channels(m, a, g, pad)
+            return G if views == 1 else G.view(b, views, *shape).sum(1)
         G = g.new_empty(b, *shape) if out is None else out
         k = b if g.is_cuda else max(1, _CPU_BLOCK_BYTES // (shape.numel() * g.element_size()))
         for s in range(0, b, k):
-            ak, gk = a[s : s + k], g[s : s + k]
-            n = ak.shape[0]
+            ak, gk = (_views_as_batch(t[s * views : (s + k) * views], views) for t in (a, g))
+            n = ak.shape[1] // a.shape[1]
             G[s : s + n] = torch.nn.grad.conv2d_weight(
-                ak.reshape(1, -1, *a.shape[2:]), (n * shape[0], *shape[1:]),
-                gk.reshape(1, -1, *g.shape[2:]), m.stride, pad, m.dilation, m.groups * n,
+                ak, (n * shape[0], *shape[1:]), gk, m.stride, pad, m.dilation, m.groups * n,
             ).view(n, *shape)  # fmt: skip
         return G
 
@@ -539,9 +571,9 @@ class NormRule(LayerRule):
                 return t.sum(dims) if dims else t
 
             if "weight" in lay.params:
-                chunk.add(lay.names["weight"], over(xhat * gout))
+                chunk.add(lay.names["weight"], chunk.fold(over(xhat * gout)))
             if "bias" in lay.params:
-                chunk.add(lay.names["bias"], over(gout))
+                chunk.add(lay.names["bias"], chunk.fold(over(gout)))
         return "materialize"
 
 
@@ -601,8 +633,8 @@ class FallbackRule(LayerRule):
         for call in lay.calls:
             if all(g is None for g in call.grads):
                 continue
-            for r, g in _fallback_call(lay, call, chunk.b).items():
-                chunk.add(lay.names[r], g)
+            for r, g in _fallback_call(lay, call, chunk.b * chunk.views).items():
+                chunk.add(lay.names[r], chunk.fold(g))
         return "fallback"
 
     # ----------------------------------------------------------------- the clipper
@@ -612,10 +644,10 @@ FALLBACK = FallbackRule()
 
 
 class GhostClipper:
-    """Clipped per-example gradient sums of a classifier, by book-keeping ghost clipping.
+    """Clipped per-example gradient sums of a model's loss, by book-keeping ghost clipping.
 
     ``clipped_sum(x, y, C)`` equals materializing the per-example gradients ``g_i`` of
-    ``F.cross_entropy(model(x_i[None]), y_i[None])``, zeroing rows with a non-finite
+    ``loss_fn(model(x_i[None]), y_i[None])`` (cross-entropy by default), zeroing rows with a non-finite
     entry and returning ``sum_i clip_factors(norms, C)_i g_i``, in micro-batches of
     ``microbatch`` examples. ``strategy`` forces the ghost norm or materialization for
     every Linear/Conv2d weight ("auto": the cheaper, per layer); ``choices`` records what
@@ -629,18 +661,23 @@ class GhostClipper:
         *,
         strategy: str = "auto",
         keep_bytes: int = 1 << 30,
+        loss_fn: LossFn = cross_entropy,
     ):
         if microbatch < 1:
             raise ValueError(f"microbatch must be >= 1, got {microbatch}")
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.model, self.microbatch, self.strategy = model, int(microbatch), strategy
+        self.loss_fn = loss_fn
         self.keep_bytes = int(keep_bytes)
         self.choices: dict[str, str] = {}
         self._buffers: dict[str, Tensor] = {}  # per-layer rows, reused by the next call
 
-    def clipped_sum(self, x: Tensor, y: Tensor, clip: float) -> GhostResult:
-        """``sum_i c_i g_i`` over the batch, ``c_i = clip_factors(||g_i||, clip)``."""
+    def clipped_sum(self, x: Tensor, y: Tensor, clip: float, views: int = 1) -> GhostResult:
+        """``sum_i c_i g_i`` over the batch, ``c_i = clip_factors(||g_i||, clip)``.
+
+        ``views`` > 1: ``x`` is (b, views, ...), example i's views ``x[i]``, its loss the mean
+        of theirs and ``g_i`` the mean of their gradients (``train.augmult``)."""
         layout = ParamLayout.of(self.model)
         layers = _layers(self.model)
         dev = next((p.device for p in self.model.parameters()), x.device)
@@ -648,7 +685,8 @@ class GhostClipper:
         sums: dict[str, Tensor] = {}
         parts: list[_ChunkResult] = []
         for s in range(0, x.shape[0], self.microbatch):
-            part = self._chunk(layers, x[s : s + self.microbatch], y[s : s + self.microbatch], clip)
+            xb, yb = x[s : s + self.microbatch], y[s : s + self.microbatch]
+            part = self._chunk(layers, xb, yb, clip, views)
             for n, g in part.sums.items():
                 sums[n] = sums[n] + g if n in sums else g
             parts.append(part)
@@ -663,7 +701,9 @@ class GhostClipper:
         per = ("norms", "loss", "correct", "nonfinite")
         return GhostResult(grad_sum, *(torch.cat([getattr(p, f) for p in parts]) for f in per))
 
-    def per_example(self, x: Tensor, y: Tensor) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    def per_example(
+        self, x: Tensor, y: Tensor, views: int = 1
+    ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         """``(G, loss, correct)`` per micro-batch: the flat per-example gradients (b, p) in
         ``ParamLayout.of(model)`` order, from one forward and one backward (no vmap).
 
@@ -674,35 +714,46 @@ class GhostClipper:
         layout = ParamLayout.of(self.model)
         layers = _layers(self.model)
         for s in range(0, x.shape[0], self.microbatch):
-            yield self._rows(layers, layout, x[s : s + self.microbatch], y[s : s + self.microbatch])
+            xb, yb = x[s : s + self.microbatch], y[s : s + self.microbatch]
+            yield self._rows(layers, layout, xb, yb, views)
 
     @torch.no_grad()
-    def _rows(self, layers, layout: ParamLayout, x: Tensor, y: Tensor):
+    def _rows(self, layers, layout: ParamLayout, x: Tensor, y: Tensor, views: int = 1):
         """One micro-batch of :meth:`per_example`."""
-        loss, logits = self._forward(layers, x, y)
+        loss, logits = self._forward(layers, x, y, views)
         b = x.shape[0]
         G = loss.new_empty(b, layout.dim)
-        views = {name: G.narrow(1, off, n).view(b, *shape) for name, off, n, shape
-                 in zip(layout.names, layout.offsets, layout.numels, layout.shapes, strict=True)}  # fmt: skip
-        chunk = _Chunk(b, loss.new_zeros(b), keep_left=1 << 62, rows_into=views)
+        into = {name: G.narrow(1, off, n).view(b, *shape) for name, off, n, shape
+                in zip(layout.names, layout.offsets, layout.numels, layout.shapes, strict=True)}  # fmt: skip
+        chunk = _Chunk(b, loss.new_zeros(b), keep_left=1 << 62, rows_into=into, views=views)
         for lay in layers:
-            _check_batched(lay, b)
+            _check_batched(lay, b * views)
             lay.rule.process(lay, chunk, "materialize")
             lay.calls = []
         for name, off, n in zip(layout.names, layout.offsets, layout.numels, strict=True):
             rows = chunk.mat.get(name)
             if rows is None:  # a parameter the forward did not use
                 G.narrow(1, off, n).zero_()
-            elif rows.data_ptr() != views[name].data_ptr():  # (else written there already)
+            elif rows.data_ptr() != into[name].data_ptr():  # (else written there already)
                 G.narrow(1, off, n).copy_(rows.reshape(b, n))
-        return G, loss, logits.argmax(1) == y
+        return G, loss, correct(logits, y)
 
     @torch.enable_grad()
-    def _forward(self, layers: list[_Layer], x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """Recorded forward, then ``d(sum_i loss_i) / d(layer outputs)`` into each call."""
+    def _forward(
+        self, layers: list[_Layer], x: Tensor, y: Tensor, views: int = 1
+    ) -> tuple[Tensor, Tensor]:
+        """Recorded forward, then ``d(sum_i loss_i) / d(layer outputs)`` into each call
+        (``views`` > 1: the b * views views in one forward; loss_i the mean of its views')."""
         with _Recorder(layers):
-            logits = self.model(x)
-        loss = F.cross_entropy(logits, y, reduction="none")
+            logits = self.model(x if views == 1 else x.flatten(0, 1))
+        if views == 1:
+            loss = per_example(self.loss_fn, logits, y)
+        else:
+            per_view = per_example(self.loss_fn, logits, y.repeat_interleave(views, dim=0))
+            loss, logits = (
+                per_view.view(-1, views).mean(1),
+                logits.view(-1, views, *logits.shape[1:]).mean(1),
+            )
         _check_versions(layers)
         calls = [c for lay in layers for c in lay.calls]
         outs = [(c, i) for c in calls for i, o in enumerate(c.outs) if _differentiable(o)]
@@ -718,14 +769,13 @@ class GhostClipper:
         return loss.detach(), logits.detach()
 
     @torch.no_grad()
-    def _chunk(self, layers, x, y, clip) -> _ChunkResult:
+    def _chunk(self, layers, x, y, clip, views: int = 1) -> _ChunkResult:
         """One micro-batch: its per-example by-products and clipped sums by parameter name."""
-        loss, logits = self._forward(layers, x, y)
-        chunk = _Chunk(
-            x.shape[0], loss.new_zeros(x.shape[0]), self.keep_bytes, buffers=self._buffers
-        )
+        loss, logits = self._forward(layers, x, y, views)
+        b = x.shape[0]
+        chunk = _Chunk(b, loss.new_zeros(b), self.keep_bytes, buffers=self._buffers, views=views)
         for lay in layers:
-            _check_batched(lay, chunk.b)
+            _check_batched(lay, b * views)
             self.choices[lay.name] = lay.rule.process(lay, chunk, self.strategy)
             lay.calls = []
         sq = chunk.sq + sum(_sq_norms(g) for g in chunk.mat.values())
@@ -733,7 +783,7 @@ class GhostClipper:
         norms = torch.where(bad, 0.0, sq.sqrt())
         c = torch.where(bad, 0.0, clip_factors(norms, clip))
         sums = _bookkeep(chunk, c, bad if bool(bad.any()) else None)
-        return _ChunkResult(norms, loss, logits.argmax(1) == y, bad, sums)
+        return _ChunkResult(norms, loss, correct(logits, y), bad, sums)
 
 
 def _sq_norms(g: Tensor) -> Tensor:
@@ -756,7 +806,8 @@ def _zero(t: Tensor, bad: Tensor | None) -> Tensor:
 def _bookkeep(chunk: _Chunk, c: Tensor, bad: Tensor | None) -> dict[str, Tensor]:
     """Clipped sums: ``c @ G`` for kept per-example gradients, the deferred sums otherwise."""
     sums = {n: torch.tensordot(c, _zero(g, bad), dims=1) for n, g in chunk.mat.items()}
+    c_rows, bad_rows = chunk.unfold(c), chunk.unfold(bad)  # the deferred sums read per-view rows
     for name, book in chunk.later:
-        g = book(c, bad)
+        g = book(c_rows, bad_rows)
         sums[name] = sums[name] + g if name in sums else g
     return sums

@@ -9,14 +9,17 @@ Registry (``MODELS``), each entry called as ``ctor(in_shape, num_classes, **kwar
   MNIST CNN (26,010 params on 1x28x28).  kwargs: ``norm`` ("none" | "group"), ``gn_groups``.
 * ``"lenet"`` -- :class:`~dpsub.models.lenet.LeNet`, LeNet-5 style.  kwargs: ``norm``, ``gn_groups``.
 * ``"resnet20"`` -- :func:`~dpsub.models.resnet.resnet20`, GEP's GroupNorm ResNet-20
-  (268,346 params on CIFAR-10).  kwargs: ``gn_groups`` (default 4).
+  (268,346 params on CIFAR-10).  kwargs: ``gn_groups`` (default 4), ``ws`` (False:
+  weight-standardized convolutions, :class:`~dpsub.models.resnet.WSConv2d`).
 * ``"wrn"`` -- :func:`~dpsub.models.wrn.wrn`, RGP's pre-activation GroupNorm WRN.
-  kwargs: ``depth`` (28), ``width`` (4), ``gn_groups`` (32).
+  kwargs: ``depth`` (28), ``width`` (4), ``gn_groups`` (32), ``ws`` (False).
 * ``"cifar_cnn"`` -- :class:`~dpsub.models.cifar_cnn.CifarCNN`, Abadi et al.'s CIFAR-10 CNN
   (DP-Hero's; 1,832,266 params on CIFAR-10).  kwargs: ``channels`` (64), ``hidden`` (384).
 * ``"linear"`` -- :class:`~dpsub.models.linear.Linear`, a linear classifier (frozen features).
 * ``"scatter_cnn"`` -- :class:`~dpsub.models.linear.ScatterCNN`, Tramer & Boneh's CNN on
   ScatterNet features.  kwargs: ``channels`` (64).
+* ``"mlp"`` -- :class:`~dpsub.models.linear.MLP`, one hidden ReLU layer (frozen features).
+  kwargs: ``hidden`` (256).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ MODELS: dict[str, str] = {
     "cifar_cnn": "dpsub.models.cifar_cnn:CifarCNN",
     "linear": "dpsub.models.linear:Linear",
     "scatter_cnn": "dpsub.models.linear:ScatterCNN",
+    "mlp": "dpsub.models.linear:MLP",
 }
 
 #: name -> the keyword options its constructor takes (besides in_shape and num_classes),
@@ -48,11 +52,12 @@ MODELS: dict[str, str] = {
 MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
     "mnist_cnn": ("norm", "gn_groups"),
     "lenet": ("norm", "gn_groups"),
-    "resnet20": ("gn_groups",),
-    "wrn": ("depth", "width", "gn_groups"),
+    "resnet20": ("gn_groups", "ws"),
+    "wrn": ("depth", "width", "gn_groups", "ws"),
     "cifar_cnn": ("channels", "hidden"),
     "linear": (),
     "scatter_cnn": ("channels",),
+    "mlp": ("hidden",),
 }
 
 

@@ -2,6 +2,8 @@
 
 * :class:`Linear`: a linear classifier on the flattened input, ``p = (C H W + 1) K``
   (GEP's Appendix A and Tramer & Boneh's "ScatterNet + linear").
+* :class:`MLP`: one hidden ReLU layer on the flattened input (a small head on frozen
+  features, e.g. the non-private ceiling beside the linear probe).
 * :class:`ScatterCNN`: Tramer & Boneh's small CNN on ScatterNet features (ICLR 2021,
   Table 9 layout for CIFAR-10: conv 3x3 -> tanh -> max-pool 2 -> conv 3x3 -> tanh ->
   linear; no normalization layer: the features are normalized before they get here).
@@ -9,6 +11,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
@@ -20,6 +23,17 @@ class Linear(nn.Module):
 
     def forward(self, x):
         return self.fc(x.flatten(1))
+
+
+class MLP(nn.Module):
+    def __init__(self, in_shape: tuple[int, int, int], num_classes: int, hidden: int = 256):
+        super().__init__()
+        c, h, w = in_shape
+        self.fc1 = nn.Linear(c * h * w, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
 class ScatterCNN(nn.Module):

@@ -32,12 +32,42 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["BasicBlock", "ParameterFreeShortcut", "ResNetGN", "conv3x3", "resnet20"]
+__all__ = [
+    "BasicBlock", "ParameterFreeShortcut", "ResNetGN", "WSConv2d", "conv3x3", "resnet20",
+]  # fmt: skip
 
 
-def conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
-    """3x3 convolution, padding 1, no bias."""
-    return nn.Conv2d(in_planes, out_planes, kernel_size=3, stride=stride, padding=1, bias=False)
+class WSConv2d(nn.Conv2d):
+    """A convolution of standardized weights (``model.ws=true``; De et al. 2022, after Qiao
+    et al. 2019 and Brock et al. 2021's scaled form, as jax_privacy's ``WSConv2D``):
+
+        w_hat[o] = gain[o] (w[o] - mean(w[o])) / sqrt(max(fan_in var(w[o]), eps)),
+
+    mean and (biased) variance over each output channel's ``fan_in = C_in kh kw`` weights,
+    ``gain`` a trainable per-channel scale (ones at first), ``eps = 1e-4``. A reparametrized
+    convolution: per-example gradients reach ``weight`` through the standardization, so
+    ghost clipping materializes them by its exact fallback (vmap of vjp), not a conv rule.
+    """
+
+    def __init__(self, *args, eps: float = 1e-4, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.eps = eps
+        self.gain = nn.Parameter(torch.ones(self.out_channels))
+
+    def standardized_weight(self) -> torch.Tensor:
+        w = self.weight
+        var, mean = torch.var_mean(w, dim=(1, 2, 3), correction=0, keepdim=True)
+        scale = torch.rsqrt(torch.clamp(var * w[0].numel(), min=self.eps))
+        return (w - mean) * scale * self.gain.view(-1, 1, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(x, self.standardized_weight(), self.bias)
+
+
+def conv3x3(in_planes: int, out_planes: int, stride: int = 1, ws: bool = False) -> nn.Conv2d:
+    """3x3 convolution, padding 1, no bias (``ws``: of standardized weights)."""
+    cls = WSConv2d if ws else nn.Conv2d
+    return cls(in_planes, out_planes, kernel_size=3, stride=stride, padding=1, bias=False)
 
 
 class ParameterFreeShortcut(nn.Module):
@@ -78,12 +108,14 @@ class ParameterFreeShortcut(nn.Module):
 class BasicBlock(nn.Module):
     """GEP post-activation basic block: conv-GN-ReLU-conv-GN (+ shortcut) - ReLU."""
 
-    def __init__(self, in_planes: int, planes: int, stride: int = 1, gn_groups: int = 4) -> None:
+    def __init__(
+        self, in_planes: int, planes: int, stride: int = 1, gn_groups: int = 4, ws: bool = False
+    ) -> None:
         super().__init__()
-        self.conv1 = conv3x3(in_planes, planes, stride)
+        self.conv1 = conv3x3(in_planes, planes, stride, ws)
         self.gn1 = nn.GroupNorm(gn_groups, planes, affine=False)
         self.relu = nn.ReLU(inplace=False)
-        self.conv2 = conv3x3(planes, planes)
+        self.conv2 = conv3x3(planes, planes, ws=ws)
         self.gn2 = nn.GroupNorm(gn_groups, planes, affine=False)
         # As in the GEP code, only strided blocks get a (parameter-free) downsample;
         # every strided block of resnet20 also doubles the width.
@@ -107,10 +139,11 @@ class ResNetGN(nn.Module):
         in_channels: int = 3,
         num_classes: int = 10,
         gn_groups: int = 4,
+        ws: bool = False,
     ) -> None:
         super().__init__()
-        self.in_planes = 16
-        self.conv1 = conv3x3(in_channels, 16)
+        self.in_planes, self.ws = 16, ws
+        self.conv1 = conv3x3(in_channels, 16, ws=ws)
         self.gn1 = nn.GroupNorm(gn_groups, 16, affine=False)
         self.relu = nn.ReLU(inplace=False)
         self.layer1 = self._make_layer(16, layers[0], 1, gn_groups)
@@ -125,9 +158,9 @@ class ResNetGN(nn.Module):
                 nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / n))
 
     def _make_layer(self, planes: int, blocks: int, stride: int, gn_groups: int) -> nn.Sequential:
-        layers = [BasicBlock(self.in_planes, planes, stride, gn_groups)]
+        layers = [BasicBlock(self.in_planes, planes, stride, gn_groups, self.ws)]
         self.in_planes = planes
-        layers.extend(BasicBlock(planes, planes, 1, gn_groups) for _ in range(1, blocks))
+        layers.extend(BasicBlock(planes, planes, 1, gn_groups, self.ws) for _ in range(1, blocks))
         return nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -141,8 +174,10 @@ def resnet20(
     in_shape: tuple[int, int, int] = (3, 32, 32),
     num_classes: int = 10,
     gn_groups: int = 4,
+    ws: bool = False,
 ) -> ResNetGN:
-    """ResNet-20 (3 blocks per stage) of the GEP code; 268,346 parameters on CIFAR-10."""
+    """ResNet-20 (3 blocks per stage) of the GEP code; 268,346 parameters on CIFAR-10
+    (``ws``: weight-standardized convolutions, one gain per output channel more)."""
     return ResNetGN(
-        (3, 3, 3), in_channels=in_shape[0], num_classes=num_classes, gn_groups=gn_groups
+        (3, 3, 3), in_channels=in_shape[0], num_classes=num_classes, gn_groups=gn_groups, ws=ws
     )

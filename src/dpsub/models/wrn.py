@@ -48,12 +48,14 @@ def gn_num_groups(channels: int, max_groups: int = 32) -> int:
 class PreActBlock(nn.Module):
     """Pre-activation block: GN-ReLU-conv-GN-ReLU-conv + shortcut(x)."""
 
-    def __init__(self, in_planes: int, planes: int, stride: int = 1, gn_groups: int = 32) -> None:
+    def __init__(
+        self, in_planes: int, planes: int, stride: int = 1, gn_groups: int = 32, ws: bool = False
+    ) -> None:
         super().__init__()
         self.gn1 = nn.GroupNorm(gn_num_groups(in_planes, gn_groups), in_planes, affine=False)
-        self.conv1 = conv3x3(in_planes, planes, stride)
+        self.conv1 = conv3x3(in_planes, planes, stride, ws)
         self.gn2 = nn.GroupNorm(gn_num_groups(planes, gn_groups), planes, affine=False)
-        self.conv2 = conv3x3(planes, planes)
+        self.conv2 = conv3x3(planes, planes, ws=ws)
         self.relu = nn.ReLU(inplace=False)
         self.shortcut: nn.Module | None = None
         if stride != 1 or in_planes != planes:
@@ -78,6 +80,7 @@ class WideResNetGN(nn.Module):
         num_classes: int = 10,
         in_channels: int = 3,
         gn_groups: int = 32,
+        ws: bool = False,
     ) -> None:
         super().__init__()
         if depth < 10 or (depth - 4) % 6 != 0:
@@ -86,12 +89,12 @@ class WideResNetGN(nn.Module):
         k = width
         widths = (16 * k, 32 * k, 64 * k)
         self.depth, self.width = depth, width
-        self.conv1 = conv3x3(in_channels, widths[0])
+        self.conv1 = conv3x3(in_channels, widths[0], ws=ws)
         in_planes = widths[0]
         stages = []
         for planes, stride in zip(widths, (1, 2, 2), strict=True):
-            blocks = [PreActBlock(in_planes, planes, stride, gn_groups)]
-            blocks.extend(PreActBlock(planes, planes, 1, gn_groups) for _ in range(1, n))
+            blocks = [PreActBlock(in_planes, planes, stride, gn_groups, ws)]
+            blocks.extend(PreActBlock(planes, planes, 1, gn_groups, ws) for _ in range(1, n))
             stages.append(nn.Sequential(*blocks))
             in_planes = planes
         self.layer1, self.layer2, self.layer3 = stages
@@ -119,14 +122,17 @@ def wrn(
     num_classes: int = 10,
     in_channels: int = 3,
     gn_groups: int = 32,
+    ws: bool = False,
 ) -> WideResNetGN:
-    """Build a pre-activation WRN-``depth``-``width`` (RGP code); see module docstring."""
+    """Build a pre-activation WRN-``depth``-``width`` (RGP code); see module docstring
+    (``ws``: weight-standardized convolutions, :class:`~dpsub.models.resnet.WSConv2d`)."""
     return WideResNetGN(
         depth=depth,
         width=width,
         num_classes=num_classes,
         in_channels=in_channels,
         gn_groups=gn_groups,
+        ws=ws,
     )
 
 

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpsub.config import Settings, check_against_data, typed_group, validate
 from dpsub.data import DatasetBundle, load_dataset
+from dpsub.data.augment import build_augmult
 from dpsub.data.aux import AuxData, build_aux
 from dpsub.data.validation import carve_validation
 from dpsub.errors import ConfigError
@@ -34,6 +35,7 @@ from dpsub.privacy import Privatizer, SecureNoise, SeededNoise, simulate
 from dpsub.privacy.run_account import PrivacyAccount
 from dpsub.privacy.sampling import sample_rate, seeded_uniform
 from dpsub.training.distributed import SINGLE, BroadcastNoise, Dist, broadcast_uniform, device_for
+from dpsub.training.ema import EMA, build_ema
 from dpsub.training.optim import build_optimizer, build_schedule
 from dpsub.training.progress import Counter
 
@@ -51,8 +53,8 @@ def _of_account(name: str, settable: bool = False) -> property:
 class Run:
     """Everything one training run holds; built by :func:`build_run`."""
 
-    cfg: DictConfig  # as composed (config.yaml)
-    settings: Settings  # the same, validated and typed: what the code reads
+    cfg: DictConfig | None  # as composed (config.yaml); None: made by the Python API
+    settings: Settings | None  # the same, validated and typed: what the code reads
     device: torch.device
     data: DatasetBundle
     aux: AuxData | None
@@ -62,10 +64,11 @@ class Run:
     account: PrivacyAccount  # sampler, plan, ledgers, policy, q, B, N
     total_steps: int
     optimizer: torch.optim.Optimizer
-    schedule: torch.optim.lr_scheduler.LRScheduler
+    schedule: torch.optim.lr_scheduler.LRScheduler | None  # None: the caller's own
     privatizer: Privatizer
     rng: torch.Generator  # public randomness handed to the mechanism
     generators: dict[str, torch.Generator]  # seeded generators saved in checkpoints
+    seed: int = 0  # the run seed (a clean resume reseeds its streams from it)
     fingerprint: str | None = None  # of the private training set (checked on resume)
     dist: Dist = SINGLE  # this process's rank (training/distributed.py)
     step: int = 0
@@ -73,6 +76,7 @@ class Run:
     #: why some output of the run is not covered by its epsilon (sticky: kept in checkpoints)
     uncovered: list[str] = field(default_factory=list)
     run_seconds: float = 0.0  # wall time of the training loops so far (checkpointed)
+    ema: EMA | None = None  # train.ema: the averaged weights evaluated and saved
 
     @property
     def secure(self) -> bool:
@@ -236,30 +240,51 @@ def build_run(
     optimizer = build_optimizer(params, s.optim)
     schedule = build_schedule(optimizer, s.optim.schedule, total_steps)
 
-    gens, source, uniform = _randomness(s, device, dist)
+    augment = s.train.augmult > 1
+    gens, source, uniform = randomness(s.seed, s.privacy.rng == "secure", device, dist, augment)
+    engine.augmult = build_augmult(s.train.augmult, data.name, data.in_shape, gens.get("augment"))
     if mechanism.private:
         say(f"setup: the privacy account, epsilon {s.privacy.epsilon} over {total_steps} steps")
     account = _account(s, mechanism, n_train, total_steps, uniform, device)
-    privatizer = Privatizer(source, reduce=dist.all_reduce if dist.active else None)
+    run = assemble_run(
+        data=data, aux=aux, model=model, engine=engine, mechanism=mechanism, account=account,
+        total_steps=total_steps, optimizer=optimizer, schedule=schedule, noise_source=source,
+        generators=gens, seed=s.seed, dist=dist, ema=build_ema(s.train.ema, model),
+    )  # fmt: skip
+    run.cfg, run.settings = s.cfg, s
+    return run
+
+
+def assemble_run(
+    *, data, aux, model, engine, mechanism, account, total_steps, optimizer, schedule,
+    noise_source, generators, seed: int, dist: Dist = SINGLE, ema=None,
+) -> Run:  # fmt: skip
+    """A :class:`Run` from its built parts: what :func:`build_run` (from a config) and the
+    Python API (:mod:`dpsub.api`, from the caller's objects) both end with, so that the two
+    release through the same privatizer, account and step."""
+    privatizer = Privatizer(noise_source, reduce=dist.all_reduce if dist.active else None)
     return Run(
-        cfg=s.cfg, settings=s, device=device, data=data, aux=aux, model=model, engine=engine,
-        mechanism=mechanism, account=account, total_steps=total_steps, optimizer=optimizer,
-        schedule=schedule, privatizer=privatizer, rng=gens["public"], generators=gens, dist=dist,
+        cfg=None, settings=None, device=data.train_x.device, data=data, aux=aux, model=model,
+        engine=engine, mechanism=mechanism, account=account, total_steps=total_steps,
+        optimizer=optimizer, schedule=schedule, privatizer=privatizer, rng=generators["public"],
+        generators=generators, seed=int(seed), dist=dist, ema=ema,
     )  # fmt: skip
 
 
-def _randomness(s: Settings, device, dist: Dist):
+def randomness(seed: int, secure: bool, device, dist: Dist = SINGLE, augment: bool = False):
     """``(generators to checkpoint, noise source, uniform draws for sampling)``: seeded, or
-    secret (``privacy.rng=secure``: never saved); under torchrun drawn by rank 0 only."""
+    secret (``secure``, ``privacy.rng=secure``: never saved); under torchrun drawn by rank 0."""
     gens = {
-        "sampler": torch.Generator(device=device).manual_seed(s.seed + 1),
-        "noise": torch.Generator(device=device).manual_seed(s.seed + 2),
-        "public": torch.Generator(device=device).manual_seed(s.seed + 3),
+        "sampler": torch.Generator(device=device).manual_seed(seed + 1),
+        "noise": torch.Generator(device=device).manual_seed(seed + 2),
+        "public": torch.Generator(device=device).manual_seed(seed + 3),
     }
-    if s.privacy.rng == "secure":
+    if augment:  # public crops and flips, their own stream (the noise's unchanged)
+        gens["augment"] = torch.Generator(device=device).manual_seed(seed + 4)
+    if secure:
         secure = SecureNoise()
         source, uniform = secure, (lambda n: secure.uniform(n, device))
-        gens = {"public": gens["public"]}  # the secret streams are never saved
+        gens = {k: g for k, g in gens.items() if k in ("public", "augment")}  # secret: unsaved
         draws = torch.float64
     else:
         source, uniform = SeededNoise(gens["noise"]), seeded_uniform(gens["sampler"], device)
@@ -274,7 +299,22 @@ def _randomness(s: Settings, device, dist: Dist):
 
 # ---------------------------------------------------------------------- step
 def train_step(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = False) -> StepOutcome:
-    """Advance ``run`` by one step (``idx``: a given batch instead of a sampled one)."""
+    """Advance ``run`` by one step (``idx``: a given batch instead of a sampled one): the
+    private release, then the optimizer's step on it (post-processing)."""
+    out = release(run, idx, diagnostics)
+    if out.result is not None:
+        run.optimizer.step()
+        if run.schedule is not None:
+            run.schedule.step()
+        if run.ema is not None:  # parameter averaging (post-processing)
+            run.ema.update(run.model)
+    return out
+
+
+def release(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = False) -> StepOutcome:
+    """One private release: the batch ``idx`` (sampled if None) through the mechanism, the
+    noise records charged, the released gradient written into the parameters' ``.grad``;
+    the run's step counter advances. No optimizer step (:func:`train_step` makes it)."""
     acct, noise = run.account, run.privatizer
     z = acct.multiplier(run.step)
     if not acct.admit(run.step):
@@ -282,7 +322,10 @@ def train_step(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = Fa
     idx = run.dist.shard(acct.sampler.sample() if idx is None else idx)
     ctx = StepContext(run.step, run.total_steps, acct.batch_size, z, noise, run.rng, diagnostics)
     noise.begin_step()
-    res = run.mechanism.step(run.data.train_x[idx], run.data.train_y[idx], ctx)
+    x = run.data.train_x[idx]
+    if run.engine.augmult is not None:  # (b, K, ...) views, averaged before clipping
+        x = run.engine.augmult.views(x)
+    res = run.mechanism.step(x, run.data.train_y[idx], ctx)
     charged = acct.charge(noise.records, z, who=f"mechanism {run.mechanism.name}, step {run.step}")
     if charged is None:
         return StepOutcome(None, z, noise.effective_multiplier(), stopped_by_budget=True)
@@ -293,8 +336,6 @@ def train_step(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = Fa
         res.grad = run.dist.broadcast(res.grad.contiguous())
         _reduce_stats(run, res)
     run.engine.set_grad(res.grad)
-    run.optimizer.step()
-    run.schedule.step()
     run.step += 1
     return StepOutcome(res, charged, noise.effective_multiplier())
 
@@ -318,7 +359,7 @@ def run_state(run: Run) -> dict:
         "step": run.step,
         "model": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict(),
-        "schedule": run.schedule.state_dict(),
+        "schedule": run.schedule.state_dict() if run.schedule is not None else None,
         **run.account.state_dict(),  # ledger, nominal, sampler
         "mechanism": run.mechanism.state_dict(),
         "rng": rng_state(run.generators),
@@ -327,6 +368,7 @@ def run_state(run: Run) -> dict:
         "secure": run.secure,
         "uncovered": list(run.uncovered),
         "run_seconds": run.run_seconds,
+        **({"ema": run.ema.state_dict()} if run.ema is not None else {}),
     }
 
 
@@ -335,15 +377,18 @@ def load_run_state(run: Run, state: dict) -> None:
 
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
-    run.schedule.load_state_dict(state["schedule"])
+    if run.schedule is not None:
+        run.schedule.load_state_dict(state["schedule"])
     run.account.load_state_dict(state)
     run.mechanism.load_state_dict(state["mechanism"])
-    clean, reseed = bool(state.get("clean", False)), f"{run.settings.seed}:{int(state['step'])}"
+    clean, reseed = bool(state.get("clean", False)), f"{run.seed}:{int(state['step'])}"
     if not restore_rng(run.generators, state["rng"], clean=clean, reseed=reseed):
         run.privatizer.source.load_state_dict(state["noise_source"])
     run.step = int(state["step"])
     run.uncovered = list(state.get("uncovered", []))
     run.run_seconds = float(state.get("run_seconds", 0.0))
+    if run.ema is not None:
+        run.ema.load_state_dict(state["ema"])
 
 
 def load_finished_run(run_dir, data_root: str | None = None) -> Run:
@@ -369,5 +414,7 @@ def load_finished_run(run_dir, data_root: str | None = None) -> Run:
             "on (data fingerprint mismatch); check --data-root"
         )
     load_run_state(run, ckpt["state"])
+    if run.ema is not None:  # the released model: the averaged weights
+        run.ema.copy_to(run.model)
     run.fingerprint = fp
     return run

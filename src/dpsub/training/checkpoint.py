@@ -54,6 +54,7 @@ RESUME_MAY_CHANGE = (
     "data.download",
     "train.eval_every",
     "train.eval_batch_size",
+    "train.ema_eval",  # what is evaluated, not what is trained
     "train.log_every",
     "train.checkpoint_every",
     "train.progress",

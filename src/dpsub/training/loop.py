@@ -51,6 +51,7 @@ from dpsub.training.checkpoint import (
     save_checkpoint,
 )
 from dpsub.training.distributed import init_distributed
+from dpsub.training.ema import evaluate_released, released
 from dpsub.training.progress import Progress, attach_run_log
 
 log = logging.getLogger("dpsub")
@@ -451,10 +452,8 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
                     progress.log(step, metrics, acc if acc is not None else shown)
                     window = Window()
                 if main and ((t.eval_every and step % t.eval_every == 0) or last):
-                    acc, loss = evaluate(
-                        run.model, run.data.test_x, run.data.test_y, t.eval_batch_size
-                    )
-                    ev = {**eval_metrics(run, acc, loss), **epsilons(run, exact=True)}
+                    acc, loss, raw = evaluate_released(run, evaluate)
+                    ev = {**eval_metrics(run, acc, loss), **raw, **epsilons(run, exact=True)}
                     logger.log(ev, step)
                     progress.evaluation(step, ev)
                 eps = epsilons(run, False).get("epsilon", math.inf)
@@ -535,12 +534,12 @@ def _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval) -> 
     p = run.settings.privacy
     eps = epsilons(run, exact=True)
     if final_eval is None:
-        batch = run.settings.train.eval_batch_size
-        acc, loss = evaluate(run.model, run.data.test_x, run.data.test_y, batch)
-        logger.log({**eval_metrics(run, acc, loss), **eps}, run.step)
+        acc, loss, raw = evaluate_released(run, evaluate)
+        logger.log({**eval_metrics(run, acc, loss), **raw, **eps}, run.step)
     else:
         acc, loss = final_eval
-    mia = membership_inference(run, logger)
+    with released(run):
+        mia = membership_inference(run, logger)
     summary = {
         "steps": run.step,
         "planned_steps": run.total_steps,

@@ -3,7 +3,8 @@
 A campaign is a paper table in one setting (``conf/paper/<table>.yaml``), optionally tuned:
 its tuning grid first (extended at its edges as the table says), then the picks at every
 seed. The queue (:data:`CAMPAIGNS`, in :data:`DEFAULT_ORDER`): GEP Table 1's CIFAR-10 row
-noise-matched to its paper cell (``sim-eps2``, tuned; issue 37) and in the paper setting,
+noise-matched to its paper cell (``sim-eps2``, tuned; issue 37), De et al. 2022's DP-SGD
+recipe (``de2022-cifar10``: augmult, EMA, WS; issue 42), GEP Table 1 in the paper setting,
 then GEP Tables 5 and 6 in their ``reduced`` setting, the RGP head study of issue 27
 (``rgp-head-cifar10``, tuned), the cadence study (``gep-cadence``, tuned), and GEP Table 1's
 CIFAR-10 row in its ``cpu-long`` setting (tuned).
@@ -73,6 +74,7 @@ class Campaign:
 #: full length: issue 37), then the short campaigns
 CAMPAIGNS = {
     "gep1-cifar10-sim-eps2": Campaign("gep1-cifar10", "sim-eps2", tune=True),
+    "de2022": Campaign("de2022-cifar10", "paper"),  # the DP-SGD recipe (issue 42)
     "gep1-cifar10-paper": Campaign("gep1-cifar10", "paper"),
     "gep5-aux": Campaign("gep5-aux", "reduced"),
     "gep6-anchors": Campaign("gep6-anchors", "reduced"),

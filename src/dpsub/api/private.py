@@ -1,0 +1,253 @@
+"""``make_private``: a private-training session over the caller's model, optimizer and data."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from dpsub.data.aux import AuxData
+from dpsub.data.datasets import DatasetBundle
+from dpsub.errors import PrivacyError
+from dpsub.grads import GradEngine, check_private_model
+from dpsub.grads.loss import LossFn, cross_entropy
+from dpsub.mechanisms import build_mechanism
+from dpsub.mechanisms.options import SPECS
+from dpsub.privacy.run_account import PrivacyAccount
+from dpsub.training.build import (
+    Run,
+    StepOutcome,
+    assemble_run,
+    load_run_state,
+    randomness,
+    release,
+    run_state,
+    train_step,
+)
+
+Data = tuple[Tensor, Tensor] | torch.utils.data.Dataset
+
+
+class BudgetExhausted(PrivacyError):
+    """The privacy budget (or the planned number of steps) affords no further release."""
+
+
+def make_private(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: Data,
+    *,
+    batch_size: int,
+    mechanism: str = "dpsgd",
+    options: dict | None = None,
+    epsilon: float | None = None,
+    delta: float = 1e-5,
+    noise_multiplier: float | None = None,
+    steps: int | None = None,
+    epochs: float | None = None,
+    aux: Tensor | tuple[Tensor, Tensor] | AuxData | None = None,
+    loss_fn: LossFn = cross_entropy,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    backend: str = "vmap",
+    microbatch: int = 256,
+    accountant: str = "rdp",
+    secure: bool = False,
+    seed: int = 0,
+) -> PrivateTraining:
+    """A :class:`PrivateTraining` of ``model`` on the private ``data``.
+
+    ``data``: ``(x, y)`` tensors or a map-style Dataset of ``(x, y)`` pairs (stacked once
+    onto the model's device). ``batch_size``: the expected batch of Poisson sampling
+    (q = batch_size / N). ``mechanism`` and its ``options``: any of ``conf/mechanism/``
+    (``dpsgd``, ``gep``, ``bgep``, ``pdpsgd``, ``rgp``...; options as in its YAML).
+    ``epsilon`` (calibrates the noise for the planned steps, at ``delta``) or
+    ``noise_multiplier`` (fixed; with ``epsilon`` too, the budget still stops it).
+    ``steps`` or ``epochs`` plan the run. ``aux``: the public anchors of subspace
+    mechanisms: images (random labels redrawn at every refit, GEP's paper), ``(x, y)``
+    (their true labels) or an :class:`~dpsub.data.aux.AuxData`. ``loss_fn(outputs,
+    targets) -> (B,)``: a per-example loss. ``scheduler``: stepped after every release
+    by :meth:`PrivateTraining.step` (your loop steps it itself otherwise). ``secure``:
+    noise from the OS's CSPRNG (not reproducible). Raises ValueError naming the argument.
+    """
+    device = _device_of(model)
+    x, y = _tensors(data, device)
+    n = int(y.shape[0])
+    total = _planned_steps(steps, epochs, batch_size, n)
+    mech = build_mechanism(mechanism, **(options or {}))
+    if mech.private:
+        _check_privacy_args(epsilon, noise_multiplier)
+        check_private_model(model)
+    engine = GradEngine(model, microbatch, backend, loss_fn=loss_fn)
+    num_classes = int(y.max()) + 1 if n and not y.is_floating_point() else 0
+    anchors = _aux(aux, num_classes, device)
+    if SPECS[mechanism].needs_aux and anchors is None:
+        raise ValueError(f"aux: mechanism {mechanism} needs auxiliary (public) data")
+    mech.setup(engine, anchors)
+    gens, source, uniform = randomness(seed, secure, device)
+    account = PrivacyAccount.open(
+        n=n, batch_size=batch_size, steps=total,
+        phases=mech.phases(total) if mech.private else None, policy=mech.accounting,
+        epsilon=math.inf if epsilon is None else float(epsilon), delta=delta,
+        accountant=accountant, noise_multiplier=noise_multiplier, uniform=uniform, device=device,
+    )  # fmt: skip
+    bundle = DatasetBundle("user", x, y, x[:0], y[:0], num_classes, None, (), ())
+    run = assemble_run(
+        data=bundle, aux=anchors, model=model, engine=engine, mechanism=mech, account=account,
+        total_steps=total, optimizer=optimizer, schedule=scheduler, noise_source=source,
+        generators=gens, seed=seed,
+    )  # fmt: skip
+    return PrivateTraining(run)
+
+
+class PrivateTraining:
+    """One private training: Poisson batches, private releases, the epsilon spent.
+
+    Two ways to drive it: :meth:`step` (draw, release, ``optimizer.step()``: what
+    ``dpsub-train`` does), or your own loop over :meth:`batches` with :meth:`backward`
+    and your optimizer. Every release is charged to the ledger before it is returned; a
+    release the budget cannot afford raises :class:`BudgetExhausted` and writes nothing.
+    """
+
+    def __init__(self, run: Run):
+        self.run = run
+        self._drawn: tuple[Tensor, Tensor, Tensor] | None = None
+
+    # ----------------------------------------------------------------- state
+    @property
+    def epsilon(self) -> float:
+        """Epsilon spent so far (inf for a non-private mechanism)."""
+        return self.run.account.epsilons(exact=True)["epsilon"]
+
+    @property
+    def delta(self) -> float:
+        ledger = self.run.ledger
+        return float(ledger.delta) if ledger is not None else 0.0
+
+    @property
+    def steps(self) -> int:
+        """Releases made so far."""
+        return self.run.step
+
+    @property
+    def total_steps(self) -> int:
+        return self.run.total_steps
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.run.z
+
+    @property
+    def ledger(self):
+        """The honest privacy ledger (every step's multiplier and sample rate)."""
+        return self.run.ledger
+
+    def state_dict(self) -> dict:
+        """Everything to continue exactly: model, optimizer, ledger, sampler, mechanism, rng."""
+        return run_state(self.run)
+
+    def load_state_dict(self, state: dict) -> None:
+        load_run_state(self.run, state)
+
+    # ----------------------------------------------------------------- steps
+    def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """Poisson batches ``(x, y)`` of the private data until the planned steps are done
+        or the budget affords no more; release each with :meth:`backward` before the next."""
+        run = self.run
+        while run.step < run.total_steps and run.account.admit(run.step):
+            idx = run.account.sampler.sample()
+            self._drawn = (idx, run.data.train_x[idx], run.data.train_y[idx])
+            yield self._drawn[1], self._drawn[2]
+            if self._drawn is not None:
+                raise RuntimeError("batches(): release each batch with backward() first")
+
+    def backward(self, x: Tensor, y: Tensor) -> StepOutcome:
+        """Release the private gradient of the batch :meth:`batches` just drew into every
+        trainable parameter's ``.grad`` (charged to the ledger); then step your optimizer."""
+        drawn, self._drawn = self._drawn, None
+        if drawn is None or x is not drawn[1] or y is not drawn[2]:
+            raise ValueError("backward() releases only the batch batches() drew last")
+        self._within_plan()
+        return self._checked(release(self.run, drawn[0]))
+
+    def step(self) -> StepOutcome:
+        """Draw a Poisson batch, release its private gradient, step the optimizer (and the
+        scheduler, if given)."""
+        self._within_plan()
+        return self._checked(train_step(self.run))
+
+    def _within_plan(self) -> None:
+        if self.run.step >= self.run.total_steps:
+            raise BudgetExhausted(
+                f"the planned {self.run.total_steps} steps are done (epsilon spent "
+                f"{self.epsilon:.4g}); nothing was released"
+            )
+
+    def _checked(self, out: StepOutcome) -> StepOutcome:
+        if out.stopped_by_budget:
+            raise BudgetExhausted(
+                f"the privacy budget affords no further step (epsilon spent {self.epsilon:.4g} "
+                f"after {self.run.step} steps); nothing was released"
+            )
+        return out
+
+
+# ------------------------------------------------------------------ helpers
+def _device_of(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _tensors(data: Data, device: torch.device) -> tuple[Tensor, Tensor]:
+    if isinstance(data, tuple) and len(data) == 2:
+        x, y = data
+    elif isinstance(data, torch.utils.data.Dataset):
+        pairs = [data[i] for i in range(len(data))]
+        x = torch.stack([torch.as_tensor(p[0]) for p in pairs])
+        y = torch.stack([torch.as_tensor(p[1]) for p in pairs])
+    else:
+        raise ValueError("data: give (x, y) tensors or a Dataset of (x, y) pairs")
+    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise ValueError(f"data: x and y must hold the same N > 0 examples, got {x.shape[0]}, "
+                         f"{y.shape[0]}")  # fmt: skip
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise ValueError("data: x holds NaN or inf")
+    return x.to(device), y.to(device)
+
+
+def _planned_steps(steps, epochs, batch_size: int, n: int) -> int:
+    if not 1 <= int(batch_size) <= n:
+        raise ValueError(f"batch_size: must be in [1, N={n}], got {batch_size}")
+    if (steps is None) == (epochs is None):
+        raise ValueError("steps / epochs: give exactly one")
+    if steps is not None:
+        if int(steps) < 1:
+            raise ValueError(f"steps: must be >= 1, got {steps}")
+        return int(steps)
+    if not epochs > 0:
+        raise ValueError(f"epochs: must be > 0, got {epochs}")
+    return max(1, round(float(epochs) * n / int(batch_size)))
+
+
+def _check_privacy_args(epsilon, noise_multiplier) -> None:
+    if epsilon is None and noise_multiplier is None:
+        raise ValueError("epsilon / noise_multiplier: a private mechanism needs one of them")
+    if epsilon is not None and not epsilon > 0:
+        raise ValueError(f"epsilon: must be > 0, got {epsilon}")
+    if noise_multiplier is not None and not noise_multiplier > 0:
+        raise ValueError(f"noise_multiplier: must be > 0, got {noise_multiplier}")
+
+
+def _aux(aux, num_classes: int, device) -> AuxData | None:
+    """The caller's public anchors as :class:`AuxData` on ``device``."""
+    if aux is None or isinstance(aux, AuxData):
+        return None if aux is None else aux.to(device)
+    if isinstance(aux, tuple):
+        ax, ay = aux
+        return AuxData(torch.as_tensor(ax).float().to(device), torch.as_tensor(ay).to(device),
+                       num_classes, "user", labels="true")  # fmt: skip
+    if not isinstance(aux, Tensor):
+        raise ValueError("aux: give public images, (images, labels) or an AuxData")
+    return AuxData(aux.float().to(device), None, num_classes, "user")

@@ -1,0 +1,156 @@
+"""The Python API (dpsub.make_private): the same releases as dpsub-train, its refusals."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import pytest
+import torch
+from torch import nn
+
+import dpsub
+from dpsub.training.build import build_run, private_data
+from dpsub.training.loop import train
+
+from conftest import SYNTH, compose_cfg
+
+GEP = (*SYNTH, "model=linear", "mechanism=gep",
+       "mechanism.num_bases=8", "aux=gaussian", "aux.num_samples=24", "privacy.epsilon=3",
+       "optim.schedule.milestones=[]", "train.max_steps=4", "train.checkpoint_every=0")  # fmt: skip
+
+
+def digest(tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_a_seeded_gep_run_through_the_api_equals_dpsub_train(tmp_path):
+    cfg = compose_cfg(*GEP)
+    cli = train(cfg, tmp_path / "cli")
+    ckpt = torch.load(tmp_path / "cli" / "checkpoint.pt", weights_only=False)["state"]
+
+    ref = build_run(cfg)  # the same model, data and anchors as the CLI run (seeded)
+    s = ref.settings
+    torch.manual_seed(s.seed)
+    aux, data = private_data(s)
+    model = ref.model
+    model.load_state_dict(build_run(cfg).model.state_dict())  # the initial weights
+    opt = torch.optim.SGD(model.parameters(), lr=s.optim.lr, momentum=s.optim.momentum,
+                          weight_decay=s.optim.weight_decay)  # fmt: skip
+    private = dpsub.make_private(
+        model, opt, (data.train_x, data.train_y), batch_size=s.train.batch_size,
+        mechanism="gep", options=dict(vars(ref.mechanism.opts)), aux=aux,
+        epsilon=s.privacy.epsilon, delta=s.privacy.delta, steps=cli.steps, seed=s.seed,
+        microbatch=ref.engine.microbatch,
+    )  # fmt: skip
+    for xb, yb in private.batches():
+        private.backward(xb, yb)
+        opt.step()
+    assert private.steps == cli.steps == 4
+    assert digest(model.state_dict().values()) == digest(ckpt["model"].values())
+    assert private.state_dict()["ledger"] == ckpt["ledger"]
+    assert private.epsilon == pytest.approx(cli.epsilon, rel=1e-12)
+
+
+def blobs(n=600, d=10, k=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    return x, (x @ torch.randn(d, k, generator=g)).argmax(1)
+
+
+def session(**kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.3)
+    args = {"batch_size": 60, "epsilon": 2.0, "steps": 6, **kw}
+    return model, opt, dpsub.make_private(model, opt, blobs(), **args)
+
+
+def test_step_releases_charge_and_refuse_beyond_the_plan():
+    _, _, private = session()
+    for _ in range(6):
+        private.step()
+    assert 0 < private.epsilon <= 2.0 + 1e-9 and private.ledger.steps == 6
+    with pytest.raises(dpsub.BudgetExhausted, match="planned 6 steps"):
+        private.step()
+    assert private.ledger.steps == 6
+
+
+def test_a_fixed_noise_stops_at_the_budget():
+    _, _, private = session(noise_multiplier=0.5, epsilon=1.0)
+    with pytest.raises(dpsub.BudgetExhausted, match="nothing was released"):
+        for _ in range(6):
+            private.step()
+    assert private.epsilon <= 1.0 + 1e-9
+
+
+def test_backward_releases_only_the_batch_it_drew():
+    _, _, private = session()
+    xb, yb = next(private.batches())
+    with pytest.raises(ValueError, match="drew last"):
+        private.backward(xb.clone(), yb)
+    assert private.ledger.steps == 0
+
+
+def test_state_dict_resumes_exactly():
+    model, opt, private = session()
+    for _ in range(3):
+        private.step()
+    state = {k: v for k, v in private.state_dict().items()}
+    state = torch.load(_saved(state), weights_only=False)
+    for _ in range(3):
+        private.step()
+    m2, o2, again = session()
+    again.load_state_dict(state)
+    for _ in range(3):
+        again.step()
+    assert digest(model.parameters()) == digest(m2.parameters())
+    assert again.state_dict()["ledger"] == private.state_dict()["ledger"]
+
+
+def _saved(state):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return buf
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(epsilon=None), "epsilon / noise_multiplier"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(steps=None), "steps / epochs"),
+        (dict(mechanism="gep"), "aux"),
+        (dict(mechanism="nope"), "mechanism.name"),
+        (dict(options={"clip": -1.0}), "mechanism.clip"),
+    ],
+)
+def test_bad_arguments_name_themselves(kw, match):
+    with pytest.raises(ValueError, match=match):
+        session(**kw)
+
+
+def test_batchnorm_is_refused():
+    model = nn.Sequential(nn.Linear(10, 4), nn.BatchNorm1d(4), nn.Linear(4, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="BatchNorm1d"):
+        dpsub.make_private(model, opt, blobs(), batch_size=60, epsilon=1.0, steps=2)
+
+
+def test_the_readme_python_example_runs_and_prints_epsilon(capsys):
+    from conftest import REPO
+
+    text = (REPO / "README.md").read_text()
+    block = text.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "README.md (Python API)", "exec"), {})
+    out = capsys.readouterr().out
+    accuracy, epsilon = (
+        float(v) for v in re.findall(r"accuracy ([\d.]+)%, epsilon ([\d.]+)", out)[0]
+    )
+    assert 0 < epsilon <= 2.0 and accuracy > 50, out
