@@ -96,19 +96,22 @@ def run_in_process(module: str, words: list[str], env: dict) -> subprocess.Compl
     return captured(lambda: importlib.import_module(module).cli(), [module, *words], env)
 
 
+#: scripts/<name>.py -> the module of dpsub.experiments it wraps (else the same name)
+SCRIPT_MODULES = {"bench": "benchmark", "mutation_check": "mutations"}
+
+
 def run_script_in_process(script: Path, *words, env: dict | None = None, cwd: Path = REPO):
-    """``python SCRIPT WORDS`` run from ``cwd``, as :func:`captured` ``runpy.run_path`` in
-    this process."""
+    """``python scripts/NAME.py WORDS`` run from ``cwd``: the module the wrapper runs
+    (``dpsub.experiments.<module>``) as ``__main__``, :func:`captured` in this process."""
     import contextlib
     import runpy
 
-    def run():  # the script's folder first on sys.path, as python puts it
-        sys.path.insert(0, str(Path(script).parent))
-        try:
-            with contextlib.chdir(cwd):
-                runpy.run_path(str(script), run_name="__main__")
-        finally:
-            sys.path.remove(str(Path(script).parent))
+    name = Path(script).stem
+    module = f"dpsub.experiments.{SCRIPT_MODULES.get(name, name)}"
+
+    def run():
+        with contextlib.chdir(cwd):
+            runpy.run_module(module, run_name="__main__")
 
     return captured(run, [str(script), *map(str, words)], env or dict(os.environ))
 

@@ -13,18 +13,14 @@ import pytest
 from dpsub.config import validate
 from dpsub.experiments import tables
 
-from conftest import REPO, compose_cfg
+from conftest import REPO, SCRIPT_MODULES, compose_cfg
 
 SCRIPTS = REPO / "scripts"
 
 
-#: scripts/<name>.py -> the module of dpsub.experiments it wraps
-MODULES = {"bench": "benchmark", "mutation_check": "mutations"}
-
-
 def load_script(name: str):
     """The module that ``scripts/<name>.py`` runs (dpsub.experiments.<module>)."""
-    return importlib.import_module(f"dpsub.experiments.{MODULES.get(name, name)}")
+    return importlib.import_module(f"dpsub.experiments.{SCRIPT_MODULES.get(name, name)}")
 
 
 TINY = """\

@@ -712,8 +712,9 @@ def _main(argv: list[str]) -> int:
     args.device = str(device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-    prog = sys.argv[0] if sys.argv[0].endswith("bench.py") else str(Path(__file__))
-    env = environment(device, [os.path.relpath(prog), *argv], args)
+    # the command as typed (python scripts/bench.py ...); called in-process: the wrapper's name
+    prog = os.path.relpath(sys.argv[0]) if sys.argv[0].endswith("bench.py") else "scripts/bench.py"
+    env = environment(device, [prog, *argv], args)
     if args.gep_authors:  # a path of this machine: the page names it by a placeholder
         env["command"] = env["command"].replace(str(args.gep_authors), "$GEP_AUTHORS")
     overrides, used = parse_overrides(args.set), set()
