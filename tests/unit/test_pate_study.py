@@ -64,3 +64,32 @@ def test_confident_gnmax_is_tuned_on_validation_over_threshold_and_both_sigmas(t
     text = "\n".join(studies._pate_tune_table("mnist_confident", tmp_path))
     assert "**85.00** (60, 90.0)" in text and "80.00 (90, 99.0)" in text
     assert "test labels" in studies.pate(tmp_path)
+
+
+def test_the_paper_protocol_row_shows_the_released_epsilon_and_a_welch_test(tmp_path):
+    """mnist_paper (row (b)): the released data-dependent epsilon beside the guarantee, and
+    a Welch test of its test accuracy against the mnist row (a) at the same epsilon."""
+    for seed, (a, b) in enumerate(((0.70, 0.95), (0.72, 0.96), (0.74, 0.97))):
+        _run(tmp_path / "mnist" / "final" / f"seed{seed}_eps2", test_accuracy=a, epsilon=1.99,
+             answered=170, answered_label_accuracy=0.9)  # fmt: skip
+        _run(tmp_path / "mnist_paper" / "final" / f"seed{seed}_eps2", test_accuracy=b,
+             epsilon=6.1, epsilon_data_dependent_released=1.93, answered=300,
+             answered_label_accuracy=0.99)  # fmt: skip
+    text = studies.pate(tmp_path)
+    assert "released data-dependent epsilon" in text and "paper (data-dependent" in text
+    row = next(
+        line for line in text.split("### mnist_paper")[1].splitlines() if line.startswith("| 2 |")
+    )
+    assert "96.00 ± 1.00" in row and "6.100" in row and "1.930" in row
+    assert "+24.00" in row  # the Welch test against row (a): 96 - 72
+
+
+def test_the_ablation_compares_each_step_with_the_one_above(tmp_path):
+    for seed, (a, b) in enumerate(((0.70, 0.80), (0.72, 0.81), (0.74, 0.82))):
+        _run(tmp_path / "mnist" / "final" / f"seed{seed}_eps2", test_accuracy=a)
+        _run(tmp_path / "mnist_paper" / "ablation" / f"aggregator_seed{seed}_eps2", test_accuracy=b)
+    _run(tmp_path / "mnist_paper" / "final" / "seed0_eps2", test_accuracy=0.9)
+    text = studies._pate_ablation(tmp_path)
+    lines = text.splitlines()
+    assert "72.00 ± 2.00" in lines[4] and "+9.00" in lines[5]  # Welch: 81 - 72
+    assert "90.00 (1), +9.00 (n/a: < 2 seeds)" in lines[7]  # the student step has no runs

@@ -19,7 +19,8 @@ def test_stage0_crosses_the_batch_axis_with_seeds_per_batch(tmp_path):
     assert t.metric_of("cpu-long") == "test_accuracy"
     jobs = tables.plan_jobs(t, "stage0", tmp_path)
     names = sorted(j.name for j in jobs)
-    assert len(jobs) == 2 * (1 + 2) and "mechanism=gep,epsilon=2,batch=1000,seed=0" in names
+    # per mechanism: B = 1,000 at seed 0, then B = 128, 256 and 512 at seeds 0 and 1
+    assert len(jobs) == 2 * (1 + 3 * 2) and "mechanism=gep,epsilon=2,batch=1000,seed=0" in names
     assert "mechanism=dpsgd,epsilon=2,batch=1000,seed=1" not in names  # B=1000: seed 0 only
     assert t.label("batch", 128) == "B=128 noise-matched to B=1000"
     gp = [j for j in jobs if j.cell["mechanism"] == "dpsgd" and j.cell["batch"] == 128][0]

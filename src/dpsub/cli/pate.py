@@ -114,7 +114,7 @@ def _student(cfg, pate, pools, device, out) -> dict:
 
     from dpsub.models import build_model
     from dpsub.pate.run import partition_kind
-    from dpsub.pate.student import StudentOptions, train_student
+    from dpsub.pate.student import StudentOptions, student_data, train_student
     from dpsub.pate.votes import NEIGHBOURS
     from dpsub.training.loop import evaluate
 
@@ -125,12 +125,12 @@ def _student(cfg, pate, pools, device, out) -> dict:
 
         why = "no query was answered within the budget: raise it or the aggregator's noise"
         fail(ConfigError(f"privacy.epsilon: {why}"))
-    x = pools.public_x[labels[:, 0]].to(device)
-    y = labels[:, 1].to(device)
+    x, y, unlabeled = (t.to(device) for t in student_data(pools, labels))
     mcfg = OmegaConf.to_container(cfg.model, resolve=True)
     torch.manual_seed(cfg.seed)
     model = build_model(mcfg.pop("name"), pools.in_shape, pools.num_classes, **mcfg).to(device)
-    train_student(model, x, y, StudentOptions(**OmegaConf.to_container(pate.student)), cfg.seed)
+    opts = StudentOptions(**OmegaConf.to_container(pate.student))
+    train_student(model, x, y, opts, cfg.seed, unlabeled)
     acc, loss = evaluate(model, pools.eval_x.to(device), pools.eval_y.to(device),
                          cfg.train.eval_batch_size)  # fmt: skip
     correct = float((y.cpu() == pools.public_y[labels[:, 0]]).float().mean())

@@ -502,7 +502,7 @@ MUTANTS = (
         "            with self.engine.autocast(x.device):\n"
         "                grads, (loss, correct) = fn(params, xb, yb)\n"
         '            acc.add("grad", [grads[n] / k for n in target.layout.names], clip / k)',
-        ("tests/unit/test_augmult.py", "-k", "average_of_the_views and vmap"),
+        ("tests/unit/test_augmult.py", "-k", "average_of_the_views"),
     ),
     Mutant(
         "ema-saved-without-its-state",
@@ -594,6 +594,14 @@ MUTANTS = (
         "return np.arange(public_size), np.arange(public_size, n_test)",
         "return np.arange(public_size), np.arange(public_size - 1, n_test)",
         ("tests/unit/test_pate.py", "-k", "overlaps"),
+    ),
+    Mutant(
+        "pate-student-reads-the-private-training-set",
+        "src/dpsub/pate/student.py",
+        "return public_x[labels[:, 0]], labels[:, 1], public_x[~answered]",
+        "return public_x[labels[:, 0]], labels[:, 1], torch.cat([public_x[~answered], "
+        "pools.train_x[:8]])",
+        ("tests/unit/test_pate_student.py", "-k", "never_reads"),
     ),
     Mutant(
         "pate-smooth-local-sensitivity-halved",

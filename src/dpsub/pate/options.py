@@ -12,7 +12,8 @@ KEYS = {
     "holdout", "teacher_seed", "partition", "release", "smooth_sensitivity",
 }  # fmt: skip
 TEACHER_KEYS = {"epochs", "batch_size", "lr", "momentum", "chunk"}
-STUDENT_KEYS = {"epochs", "batch_size", "lr", "momentum"}
+STUDENT_KEYS = {"epochs", "batch_size", "lr", "momentum", "semi_supervised", "unlabeled_ratio",
+                "confidence", "unlabeled_weight"}  # fmt: skip
 SS_KEYS = {"order", "beta", "sigma"}
 #: ``pate.<group>.<key>``: the nested groups and their keys
 GROUPS = {"teacher": TEACHER_KEYS, "student": STUDENT_KEYS, "smooth_sensitivity": SS_KEYS}
@@ -67,8 +68,24 @@ def _check_groups(p) -> None:
                 raise ConfigError(
                     f"pate.{group}.{key}: unknown key; valid keys: {', '.join(sorted(keys))}"
                 )
-            if key != "momentum":
-                _positive(p[group][key], f"pate.{group}.{key}")
+            _check_value(p[group][key], f"pate.{group}.{key}")
+
+
+def _check_value(value, key: str) -> None:
+    """A nested option's value: momentum any number, flags true or false, a probability in
+    (0, 1], a count a positive integer, the rest > 0."""
+    name = key.rsplit(".", 1)[1]
+    if name == "momentum":
+        return
+    if name == "semi_supervised":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: must be true or false, got {value!r}")
+        return
+    if name == "unlabeled_ratio" and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{key}: must be a positive integer, got {value!r}")
+    _positive(value, key)
+    if name == "confidence" and value > 1:
+        raise ConfigError(f"{key}: must be in (0, 1], got {value!r}")
 
 
 def _check_release(p) -> None:

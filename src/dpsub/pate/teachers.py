@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, stack_module_state, vmap
 
-from dpsub.pate.student import StudentOptions
+from dpsub.pate.student import SGDOptions
 
 
 @dataclass(frozen=True)
-class TeacherOptions(StudentOptions):
+class TeacherOptions(SGDOptions):
     """The student's SGD options, plus how many teachers one vmap trains together."""
 
     epochs: int = 10
