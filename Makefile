@@ -48,7 +48,7 @@ render: setup  ## re-render a table from its runs only (outputs/tables, else the
 # On a GPU machine (no uv, no network): the checkout with .gpu/ carried; $OUT comes back.
 GPU_ARGS ?=
 gpu:  ## GPU kit: check, smoke suite, bench, table cells (docs/gpu.md); GPU_ARGS="--steps check cells"
-	python3 scripts/gpu_run.py --out "$${OUT:?set OUT to the folder that comes back}" $(GPU_ARGS)
+	PYTHONPATH=src python3 scripts/gpu_run.py --out "$${OUT:?set OUT to the folder that comes back}" $(GPU_ARGS)
 
 gpu-stage: setup  ## fill .gpu/ (wheels, CIFAR-10 packed losslessly, anchors) from ../shared, print the carry size
 	$(UV) run --frozen python scripts/gpu_run.py --stage

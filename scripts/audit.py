@@ -4,7 +4,7 @@ uv run python scripts/audit.py mechanism=dpsgd privacy.epsilon=2 audit=whitebox
 uv run python scripts/audit.py dataset=mnist audit=onerun
 """
 
-from dpsub.audit.cli import cli
+from dpsub.cli.audit import cli
 
 if __name__ == "__main__":
     cli()

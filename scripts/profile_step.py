@@ -1,53 +1,6 @@
-"""Where a step's time goes: torch.profiler over one non-private step and one DP-SGD
-(ghost-clipped) step of a model on random CIFAR-shaped data, top operators by self CPU time.
+"""``python scripts/profile_step.py ARGS`` runs :mod:`dpsub.experiments.profile_step` (its docstring: the usage)."""
 
-    uv run python scripts/profile_step.py --model wrn --depth 28 --width 2 --batch 256
-"""
-
-from __future__ import annotations
-
-import argparse
-
-import torch
-import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
-
-from dpsub.grads import GradEngine
-from dpsub.models import build_model
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model", default="wrn")
-    p.add_argument("--depth", type=int, default=28)
-    p.add_argument("--width", type=int, default=2)
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--microbatch", type=int, default=64)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--top", type=int, default=12)
-    a = p.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(a.threads)
-    opts = {"depth": a.depth, "width": a.width} if a.model == "wrn" else {}
-    net = build_model(a.model, (3, 32, 32), 10, **opts)
-    x, y = torch.randn(a.batch, 3, 32, 32), torch.randint(0, 10, (a.batch,))
-    engine = GradEngine(net, microbatch=a.microbatch, backend="ghost")
-
-    def nonprivate():
-        net.zero_grad()
-        F.cross_entropy(net(x), y).backward()
-
-    def dpsgd():
-        engine.clipped_sum(x, y, 1.0)
-
-    for name, step in (("non-private", nonprivate), ("DP-SGD ghost", dpsgd)):
-        step()  # warm-up
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            step()
-        total = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1e6
-        print(f"## {name}: {total:.2f} s self CPU time in one step")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.top))
-
+from dpsub.experiments.profile_step import main
 
 if __name__ == "__main__":
     main()

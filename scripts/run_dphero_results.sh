@@ -12,7 +12,7 @@ OUT=outputs/dphero
 train() {  # train NAME OVERRIDES...
   local name=$1; shift
   [ -f "$OUT/$name/summary.json" ] && return 0
-  $PY -m dpsub.train logger.mode=disabled train.progress=false out_dir="$OUT/$name" "$@" \
+  $PY -m dpsub.cli.train logger.mode=disabled train.progress=false out_dir="$OUT/$name" "$@" \
     > "$OUT/$name.log" 2>&1
 }
 mkdir -p "$OUT"

@@ -31,12 +31,12 @@ LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT
 
 
 def cli_command(*overrides: str, run_dir: Path | None = None, env: dict | None = None):
-    """argv and environment for ``python -m dpsub.train`` (W&B disabled unless overridden)."""
+    """argv and environment for ``python -m dpsub.cli.train`` (W&B disabled unless overridden)."""
     flags = [o for o in overrides if o.startswith("-")]
     args = [
         sys.executable,
         "-m",
-        "dpsub.train",
+        "dpsub.cli.train",
         *flags,
         "logger.mode=disabled",
         "train.progress=false",
@@ -58,14 +58,14 @@ def run_cli(
     check: bool = True,
     env: dict | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run ``python -m dpsub.train`` with overrides and wait for it."""
+    """Run ``python -m dpsub.cli.train`` with overrides and wait for it."""
     args, full_env = cli_command(*overrides, run_dir=run_dir, env=env)
     proc = subprocess.run(
         args, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=full_env
     )
     if check and proc.returncode != 0:
         raise AssertionError(
-            f"dpsub.train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+            f"dpsub.cli.train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
     return proc
 
@@ -75,7 +75,7 @@ def cli_in_process(
     run_dir: Path | None = None,
     check: bool = True,
     env: dict | None = None,
-    module: str = "dpsub.train",
+    module: str = "dpsub.cli.train",
     timeout: int | None = None,  # run_cli's; pytest-timeout bounds a test in this process
 ) -> subprocess.CompletedProcess:
     """:func:`run_cli` in this process (seconds, where a subprocess spends most of its time
@@ -96,19 +96,22 @@ def run_in_process(module: str, words: list[str], env: dict) -> subprocess.Compl
     return captured(lambda: importlib.import_module(module).cli(), [module, *words], env)
 
 
+#: scripts/<name>.py -> the module of dpsub.experiments it wraps (else the same name)
+SCRIPT_MODULES = {"bench": "benchmark", "mutation_check": "mutations"}
+
+
 def run_script_in_process(script: Path, *words, env: dict | None = None, cwd: Path = REPO):
-    """``python SCRIPT WORDS`` run from ``cwd``, as :func:`captured` ``runpy.run_path`` in
-    this process."""
+    """``python scripts/NAME.py WORDS`` run from ``cwd``: the module the wrapper runs
+    (``dpsub.experiments.<module>``) as ``__main__``, :func:`captured` in this process."""
     import contextlib
     import runpy
 
-    def run():  # the script's folder first on sys.path, as python puts it
-        sys.path.insert(0, str(Path(script).parent))
-        try:
-            with contextlib.chdir(cwd):
-                runpy.run_path(str(script), run_name="__main__")
-        finally:
-            sys.path.remove(str(Path(script).parent))
+    name = Path(script).stem
+    module = f"dpsub.experiments.{SCRIPT_MODULES.get(name, name)}"
+
+    def run():
+        with contextlib.chdir(cwd):
+            runpy.run_module(module, run_name="__main__")
 
     return captured(run, [str(script), *map(str, words)], env or dict(os.environ))
 

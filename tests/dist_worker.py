@@ -14,8 +14,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dpsub.training.build import build_run, train_step  # noqa: E402
 from dpsub.training.distributed import init_distributed  # noqa: E402
-from dpsub.training.run import build_run, train_step  # noqa: E402
 
 from conftest import compose_cfg  # noqa: E402
 

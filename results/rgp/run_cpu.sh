@@ -7,6 +7,6 @@ set -eu
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 name=$1; shift
-exec .venv/bin/python -m dpsub.train experiment=rgp_cifar10_cpu \
+exec .venv/bin/python -m dpsub.cli.train experiment=rgp_cifar10_cpu \
   data.root=${CIFAR10_ROOT:?set CIFAR10_ROOT to CIFAR-10 in torchvision layout} logger=disabled train.progress=false \
   out_dir=outputs/rgp_cpu/$name "$@" > /dev/null 2>&1

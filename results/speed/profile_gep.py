@@ -23,7 +23,7 @@ import torch
 from dpsub.config import validate
 from dpsub.grads import ClippedResidualSum, clipped_sum, finite_norms
 from dpsub.subspace import GroupedPowerStep, grouped_quota, random_starts
-from dpsub.training.run import build_run
+from dpsub.training.build import build_run
 
 ROOT = Path(__file__).resolve().parents[2]
 

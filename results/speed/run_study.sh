@@ -12,7 +12,7 @@ common=(experiment=gep_pdp_setting logger=disabled train.progress=false)
 mkdir -p "$OUT"
 for seed in 0 1 2; do
   for ds in mnist fashion_mnist; do
-    .venv/bin/python -m dpsub.train -m "dataset=$ds" "seed=$seed" "${common[@]}" \
+    .venv/bin/python -m dpsub.cli.train -m "dataset=$ds" "seed=$seed" "${common[@]}" \
       mechanism.warm_start=false,true mechanism.subspace_every=1,5,20,100 \
       "hydra.sweep.dir=$OUT/$ds/seed$seed" > "$OUT/${ds}_seed$seed.log" 2>&1
   done

@@ -9,11 +9,11 @@ check each registry against its enumeration).
 BACKENDS = ("vmap", "opacus", "ghost")
 #: ``privacy.sampling``: :func:`dpsub.privacy.sampling.build_sampler`.
 SAMPLINGS = ("poisson", "shuffle")
-#: ``privacy.accountant``: :mod:`dpsub.privacy.accountant`.
+#: ``privacy.accountant``: :mod:`dpsub.privacy.accountants`.
 ACCOUNTANTS = ("rdp", "prv")
 #: ``privacy.rng``: seeded (reproducible) or secure (``os.urandom``) randomness.
 RNGS = ("seeded", "secure")
-#: ``Mechanism.accounting``: :mod:`dpsub.privacy.account`.
+#: ``Mechanism.accounting``: :mod:`dpsub.privacy.run_account`.
 POLICIES = ("planned", "measured", "nominal")
 #: ``dataset.name``: one loader each in :data:`dpsub.data.datasets.LOADERS`.
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar10_subset", "svhn", "synthetic")

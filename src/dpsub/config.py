@@ -232,7 +232,7 @@ def _require(cond: bool, key: str, msg: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class Settings:
-    """A validated config, typed: what :func:`dpsub.training.run.build_run`, the trainer and
+    """A validated config, typed: what :func:`dpsub.training.build.build_run`, the trainer and
     every mechanism read (never the raw config with defaults of their own).
 
     Each group is its schema's structured node (every key present, typed, in range); the
@@ -410,7 +410,7 @@ def check_environment(cfg: DictConfig) -> None:
     W&B credentials for ``logger.mode=online`` and the device (ConfigError). Only the
     device check imports torch, and only for a cuda or mps device."""
     from dpsub.data.files import check_files
-    from dpsub.logging.run_logger import has_wandb_key
+    from dpsub.tracking.run_logger import has_wandb_key
 
     check_files(cfg)
     if cfg.logger.mode == "online" and not has_wandb_key():

@@ -93,6 +93,11 @@ def compose(
 _SEARCH: list[str] = []
 
 
+def quote_value(value: str) -> str:
+    """A Hydra override value that may hold ``=`` and ``,``."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def use_config_dirs(entries: Sequence[str]) -> None:
     """Search ``entries`` (``file://DIR``, ``DIR`` or ``pkg://PACKAGE``) too, from now on."""
     _SEARCH[:] = [e if "://" in e else f"file://{Path(e).expanduser().resolve()}" for e in entries]

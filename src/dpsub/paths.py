@@ -4,16 +4,15 @@ The Hydra configs live in ``conf/`` at the top of the repository. The wheel ship
 copy as ``dpsub/conf`` inside the package (``force-include`` in pyproject.toml), so an
 installed ``dpsub-train`` finds its configs wherever it runs; an editable install or
 a checkout on ``PYTHONPATH`` uses the repository's ``conf/`` directly, so edits to
-it take effect without reinstalling. The scripts behind the ``dpsub-reproduce``,
-``dpsub-table``... commands (``scripts/``) are shipped and found the same way
-(:func:`scripts_dir`).
+it take effect without reinstalling. The ``dpsub-reproduce``, ``dpsub-table``... commands
+are modules of :mod:`dpsub.experiments` (nothing else is shipped for them).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["committed_step_times", "conf_dir", "project_root", "scripts_dir", "wheel_install"]
+__all__ = ["committed_step_times", "conf_dir", "project_root", "wheel_install"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -33,12 +32,6 @@ def conf_dir() -> Path:
 def _packaged(name: str) -> Path | None:
     """``dpsub/<name>`` inside an installed wheel, else None (a source checkout)."""
     return _PACKAGE / name if (_PACKAGE / name).is_dir() else None
-
-
-def scripts_dir() -> Path:
-    """The helper scripts: the packaged ``dpsub/scripts`` (wheel install), else the
-    repository's top-level ``scripts/``."""
-    return _packaged("scripts") or _PACKAGE.parents[1] / "scripts"
 
 
 def project_root() -> Path:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dpsub.audit.whitebox import WhiteboxOptions, whitebox_audit
-from dpsub.training.run import build_run
+from dpsub.training.build import build_run
 
 from conftest import compose_cfg
 from helpers.audit import TINY

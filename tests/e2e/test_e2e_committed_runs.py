@@ -4,9 +4,9 @@ evaluation, re-trained)."""
 
 from __future__ import annotations
 
-from dpsub.runs import RunDir
-from dpsub.training.run import build_run, train_step
-from dpsub.training.trainer import evaluate
+from dpsub.rundir import RunDir
+from dpsub.training.build import build_run, train_step
+from dpsub.training.loop import evaluate
 
 from conftest import REPO, SHARED, needs_shared
 from helpers.committed import CHEAP, check_run, training_runs

@@ -25,7 +25,7 @@ def test_torchrun_on_real_mnist_matches_one_process(tmp_path):
               "optim.momentum=0.0", "train.eval_every=0", "logger.mode=disabled", "train.progress=false")  # fmt: skip
     proc = torchrun(
         "-m",
-        "dpsub.train",
+        "dpsub.cli.train",
         *common,
         f"out_dir={tmp_path / 'two'}",
         f"data.root={os.environ.get('DPSUB_DATA', '')}"
@@ -56,7 +56,7 @@ def test_resume_with_a_different_number_of_ranks(tmp_path):
     run_dir = tmp_path / "killed"
     kill_mid_run(run_dir, overrides, signal.SIGTERM)
     proc = torchrun(
-        "-m", "dpsub.train", f"resume={run_dir}", "logger.mode=disabled", "train.progress=false"
+        "-m", "dpsub.cli.train", f"resume={run_dir}", "logger.mode=disabled", "train.progress=false"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ref = json.loads((reference_dir / "summary.json").read_text())
@@ -113,7 +113,7 @@ def test_two_ranks_audit_like_one_process(tmp_path) -> None:
 
     _, env = cli_command()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
-           "dpsub.audit.cli", *TINY, "logger=disabled", "device=cpu", "audit.trials=20000",
+           "dpsub.cli.audit", *TINY, "logger=disabled", "device=cpu", "audit.trials=20000",
            "privacy.noise_multiplier=2.0", f"out_dir={tmp_path / 'd'}"]  # fmt: skip
     env = {**env, "OMP_NUM_THREADS": "1"}
     subprocess.run(cmd, check=True, cwd=REPO, env=env, capture_output=True, timeout=600)

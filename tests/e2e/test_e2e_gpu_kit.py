@@ -8,8 +8,8 @@ import re
 import shutil
 from pathlib import Path
 
-from dpsub.gpu import kit, stage
-from dpsub.gpu.harvest import harvest
+from dpsub.experiments.gpu import kit, stage
+from dpsub.experiments.gpu.harvest import harvest
 
 from helpers.gpu_kit import planned_carry
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from dpsub.eval.mia import evaluate_run
-from dpsub.training.run import build_run, train_step
+from dpsub.training.build import build_run, train_step
 
 from conftest import SYNTH, compose_cfg
 

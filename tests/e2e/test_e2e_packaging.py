@@ -23,26 +23,24 @@ def test_installed_dpsub_train_runs_from_another_directory(installed: Path, tmp_
 
 
 def test_installed_script_commands_run_from_another_directory(installed: Path, tmp_path: Path):
-    """The scripts an install needs are console commands (dpsub/commands.py): each runs from
-    the wheel's own copy and puts its outputs under the working directory, not the venv."""
-    from dpsub.commands import COMMANDS
+    """The research commands are console entry points (dpsub.experiments): each runs from the
+    installed package and puts its outputs under the working directory, not the venv."""
+    from dpsub.experiments.commands import COMMANDS
 
     bin_dir = installed.parent
     for command in COMMANDS:
         out = _run(bin_dir / command, "--help", cwd=tmp_path)
         assert out.startswith(f"usage: {command} "), command
     code = (
-        "from dpsub.paths import committed_step_times, project_root, scripts_dir\n"
-        "from dpsub.commands import how_to_run\n"
-        "print(project_root(), scripts_dir(), committed_step_times(), how_to_run('make_table.py'))"
+        "from dpsub.paths import committed_step_times, project_root\n"
+        "from dpsub.experiments.commands import how_to_run\n"
+        "print(project_root(), committed_step_times(), how_to_run('make_table.py'))"
     )
-    root, scripts, times, render = _run(installed, "-c", code, cwd=tmp_path).split()
-    root, scripts = Path(root), Path(scripts)
-    assert root == tmp_path and installed.parent.parent in scripts.parents
+    root, times, render = _run(installed, "-c", code, cwd=tmp_path).split()
+    assert Path(root) == tmp_path
     # the committed step times ship (dpsub-reproduce --dry-run's costs); messages name commands
     assert Path(times).read_bytes() == (REPO / "results/tables/step_times.json").read_bytes()
     assert render == "dpsub-table"
-    assert {p.name for p in scripts.iterdir()} == set(COMMANDS.values())
     # a real use: the run the console script trains, summarized by the installed command
     env = {**os.environ, "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
     _run(

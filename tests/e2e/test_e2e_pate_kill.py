@@ -23,7 +23,7 @@ ARGS = [
 
 
 def _pate(*args, **kw):
-    cmd = [sys.executable, "-m", "dpsub.pate.cli", *args]
+    cmd = [sys.executable, "-m", "dpsub.cli.pate", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **kw)  # fmt: skip

@@ -3,8 +3,8 @@ DP-SGD learns at epsilon 2, GEP with natural anchors logs its private diagnostic
 
 from __future__ import annotations
 
-from dpsub.logging import read_metrics
-from dpsub.training.trainer import train
+from dpsub.tracking import read_metrics
+from dpsub.training.loop import train
 
 from conftest import compose_cfg as cfg_for
 from conftest import needs_shared

@@ -14,7 +14,7 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from dpsub import stats, tables
+from dpsub.experiments import stats, tables
 
 from conftest import compose_cfg
 from helpers.tables import SCRIPTS, TINY, check_cells, script

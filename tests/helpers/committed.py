@@ -17,8 +17,8 @@ import re
 from dpsub.config import validate
 from dpsub.mechanisms import build_mechanism
 from dpsub.privacy import PrivacyAccount, PrivacyLedger
-from dpsub.runs import RunDir, find_runs
-from dpsub.training.run import plan_steps, private_data
+from dpsub.rundir import RunDir, find_runs
+from dpsub.training.build import plan_steps, private_data
 
 from conftest import REPO, SHARED
 

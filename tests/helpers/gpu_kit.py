@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpsub.gpu import stage
+from dpsub.experiments.gpu import stage
 
 from conftest import REPO
 

@@ -20,7 +20,7 @@ import torch
 from dpsub.errors import ConfigError
 from dpsub.mechanisms import StepContext
 from dpsub.privacy import Privatizer, SeededNoise
-from dpsub.training.run import build_run, train_step
+from dpsub.training.build import build_run, train_step
 
 from conftest import SYNTH, compose_cfg
 

@@ -40,7 +40,7 @@ USAGE = {
     "uv run dpsub-train -m hydra/launcher=local privacy.epsilon=2,5,8": CHEAP,
     "uv run dpsub-train grads.backend=ghost": CHEAP,
     "uv run dpsub-train privacy.rng=secure": CHEAP,
-    "uv run torchrun --nproc_per_node 2 -m dpsub.train dataset=mnist": CHEAP,
+    "uv run torchrun --nproc_per_node 2 -m dpsub.cli.train dataset=mnist": CHEAP,
     # frozen features of CIFAR-10: run on a fake CIFAR-10 and CIFAR-100 in torchvision's layout
     "uv run dpsub-train experiment=a3_gep features=scatternet features.pool=2 mechanism.num_bases=99": (
         "fake_cifar10",
@@ -71,7 +71,7 @@ def usage_lines() -> list[str]:
 def split(line: str) -> tuple[list[str], list[str]]:
     """(launcher words, dpsub-train arguments) of ``uv run ...``."""
     words = shlex.split(line)[2:]  # drop "uv run"
-    if words[0] == "torchrun":  # torchrun --nproc_per_node 2 -m dpsub.train ARGS
+    if words[0] == "torchrun":  # torchrun --nproc_per_node 2 -m dpsub.cli.train ARGS
         return words[:3], words[5:]
     return [], words[1:]
 
@@ -79,10 +79,19 @@ def split(line: str) -> tuple[list[str], list[str]]:
 def command(line: str, extra: tuple[str, ...], tmp: Path) -> list[str]:
     """This interpreter runs the line, W&B and the bar off, output under ``tmp``."""
     launcher, rest = split(line)
-    args, _ = cli_command()  # [python, -m, dpsub.train, logger.mode=disabled, train.progress=false]
+    args, _ = (
+        cli_command()
+    )  # [python, -m, dpsub.cli.train, logger.mode=disabled, train.progress=false]
     head = args[:3]
     if launcher:
-        head = [sys.executable, "-m", "torch.distributed.run", *launcher[1:], "-m", "dpsub.train"]
+        head = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *launcher[1:],
+            "-m",
+            "dpsub.cli.train",
+        ]
     rest = [w for w in rest if not w.startswith("out_dir=")]  # the test writes under tmp
     where = [f"hydra.sweep.dir={tmp / 'sweep'}"] if "-m" in rest else [f"out_dir={tmp / 'run'}"]
     if "--cfg" in rest or "--help" in rest:
@@ -109,7 +118,7 @@ FAST = (
 
 def check_usage_line(line: str, tmp_path: Path, in_process: bool = False) -> None:
     """Run ``line`` cheaply and check what it wrote; ``in_process``: a ``dpsub-train`` line
-    runs ``dpsub.train.cli()`` in this process (conftest.run_in_process), not a subprocess."""
+    runs ``dpsub.cli.train.cli()`` in this process (conftest.run_in_process), not a subprocess."""
     if any(k in line for k in NEEDS_DATA) and SHARED is None:
         pytest.skip("real data not found")
     extra = USAGE[line]
@@ -127,8 +136,8 @@ def check_usage_line(line: str, tmp_path: Path, in_process: bool = False) -> Non
         cmd = [*command("uv run dpsub-train", (), tmp_path)[:3], f"resume={tmp_path / 'run'}"]
     else:
         cmd = command(line, extra, tmp_path)
-    if in_process and cmd[1:3] == ["-m", "dpsub.train"]:
-        proc = run_in_process("dpsub.train", cmd[3:], env)
+    if in_process and cmd[1:3] == ["-m", "dpsub.cli.train"]:
+        proc = run_in_process("dpsub.cli.train", cmd[3:], env)
     else:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"

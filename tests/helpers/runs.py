@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dpsub.logging import read_metrics
-from dpsub.runs import SUMMARY
+from dpsub.rundir import SUMMARY
+from dpsub.tracking import read_metrics
 
 from conftest import REPO, cli_command, run_cli
 

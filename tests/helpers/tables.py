@@ -10,19 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from dpsub import tables
 from dpsub.config import validate
+from dpsub.experiments import tables
 
-from conftest import REPO, compose_cfg
+from conftest import REPO, SCRIPT_MODULES, compose_cfg
 
 SCRIPTS = REPO / "scripts"
 
 
 def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"dpsub_{name}_script", SCRIPTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The module that ``scripts/<name>.py`` runs (dpsub.experiments.<module>)."""
+    return importlib.import_module(f"dpsub.experiments.{SCRIPT_MODULES.get(name, name)}")
 
 
 TINY = """\

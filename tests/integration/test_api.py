@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import dpsub
-from dpsub.training.run import build_run, private_data
-from dpsub.training.trainer import train
+from dpsub.training.build import build_run, private_data
+from dpsub.training.loop import train
 
 from conftest import SYNTH, compose_cfg
 

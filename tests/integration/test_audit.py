@@ -16,7 +16,7 @@ from dpsub.audit.whitebox import WhiteboxOptions, whitebox_audit
 from dpsub.mechanisms.base import StepResult
 from dpsub.mechanisms.dpsgd import DPSGD
 from dpsub.privacy import Sensitive
-from dpsub.training.run import build_run
+from dpsub.training.build import build_run
 
 from conftest import compose_cfg
 from helpers.audit import TINY
@@ -132,7 +132,7 @@ class HalfNoise(DPSGD):
 
 
 def test_broken_mechanism_is_caught_above_its_reported_epsilon() -> None:
-    from dpsub.training.run import train_step
+    from dpsub.training.build import train_step
 
     run = tiny_run("privacy.noise_multiplier=1.5")
     broken = HalfNoise(clip=1.0)
@@ -191,7 +191,7 @@ def test_dphero_least_noisy_direction_exceeds_its_nominal_epsilon() -> None:
 
 # ------------------------------------------------------------- one run
 def test_insert_canaries_relabels_and_includes_about_half() -> None:
-    from dpsub.training.run import load_data
+    from dpsub.training.build import load_data
 
     data = load_data(compose_cfg(*TINY, "dataset.synthetic.n_train=400"))
     out, cx, cy, inc = insert_canaries(data, 100, seed=0)
@@ -215,7 +215,7 @@ def audit_cfg(*overrides: str):
 
 
 def test_audit_writes_audit_json_beside_the_summary_and_a_log_line(tmp_path) -> None:
-    from dpsub.audit.cli import run_audit
+    from dpsub.cli.audit import run_audit
 
     run_audit(audit_cfg(*TINY, "audit.trials=20000"), tmp_path / "a")
     report = json.loads((tmp_path / "a" / "audit.json").read_text())
@@ -239,7 +239,7 @@ def test_audit_writes_audit_json_beside_the_summary_and_a_log_line(tmp_path) -> 
     ],
 )
 def test_bad_audit_option_is_one_line_and_exit_2(tmp_path, capsys, bad: str) -> None:
-    from dpsub.audit.cli import run_audit
+    from dpsub.cli.audit import run_audit
 
     with pytest.raises(SystemExit) as exc:
         run_audit(audit_cfg(*TINY, bad), tmp_path / "b")
@@ -249,7 +249,7 @@ def test_bad_audit_option_is_one_line_and_exit_2(tmp_path, capsys, bad: str) -> 
 
 
 def test_onerun_audit_end_to_end_on_a_tiny_run(tmp_path) -> None:
-    from dpsub.audit.cli import run_audit
+    from dpsub.cli.audit import run_audit
 
     cfg = audit_cfg(
         "dataset=synthetic", "dataset.synthetic.n_train=200", "dataset.synthetic.n_test=50",

@@ -12,7 +12,7 @@ import torch
 
 from dpsub.audit.canary import CanaryEngine
 from dpsub.audit.release import Replayer, zero_release
-from dpsub.training.run import build_run
+from dpsub.training.build import build_run
 
 from conftest import compose_cfg
 from helpers.audit import TINY

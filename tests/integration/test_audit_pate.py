@@ -52,7 +52,7 @@ def test_lnmax_and_confident_bounds_stay_below(agg):
 
 
 def test_dpsub_audit_pate_writes_audit_json_and_bad_option_is_one_line(tmp_path, capsys):
-    from dpsub.audit.cli import run_audit
+    from dpsub.cli.audit import run_audit
     from dpsub.config import compose
 
     base = ["audit=pate", "audit.leads=[30,34]", "audit.pilot_trials=500", "audit.trials=2000",

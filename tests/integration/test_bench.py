@@ -15,14 +15,11 @@ SCRIPT = ROOT / "scripts" / "bench.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("dpsub_bench_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("dpsub.experiments.benchmark")
 
 
 def test_the_timed_step_is_the_trainers_and_configs_come_from_hydra(bench):
-    import dpsub.training.run as run_module
+    import dpsub.training.build as run_module
 
     assert bench.train_step is run_module.train_step
     assert bench.build_run is run_module.build_run

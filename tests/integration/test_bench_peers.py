@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpsub.bench import peers as peer_lib
-from dpsub.bench import scaling
+from dpsub.experiments.bench import peers as peer_lib
+from dpsub.experiments.bench import scaling
 
 from helpers.tables import load_script
 

@@ -1,7 +1,7 @@
 """Mistakes on the command line: one line on stderr naming the culprit, exit code 2, nothing
 written, and (where the mistake is in the config) no torch import, so no 20 s wait.
 
-Each case drives the real entrypoint, ``dpsub.train.cli()`` with the command line's argv and
+Each case drives the real entrypoint, ``dpsub.cli.train.cli()`` with the command line's argv and
 environment, in this process (conftest.cli_in_process: a subprocess would spend seconds
 starting); that no torch import happens is checked in a fresh interpreter.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpsub.runs import RunDir
+from dpsub.rundir import RunDir
 
 from conftest import needs_shared
 from helpers.committed import CHEAP, check_run

@@ -190,7 +190,7 @@ def test_an_invalid_config_fails_before_torch_is_imported(tmp_path):
     from conftest import REPO
 
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "dpsub.train", "privacy.epsilon=-1",
+        [sys.executable, "-X", "importtime", "-m", "dpsub.cli.train", "privacy.epsilon=-1",
          "mechanism.clip=0.5", f"out_dir={tmp_path / 'run'}"],
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip

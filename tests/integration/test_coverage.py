@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from dpsub.logging import read_metrics
-from dpsub.training.trainer import train
+from dpsub.tracking import read_metrics
+from dpsub.training.loop import train
 
 from conftest import SYNTH, cli_in_process, compose_cfg
 

@@ -22,8 +22,8 @@ from conftest import REPO
 
 #: command (or ``-m`` module) -> its top-level config
 CONFIGS = {"dpsub-audit": "dpsub_audit", "dpsub-pate": "dpsub_pate",
-           "dpsub.audit.cli": "dpsub_audit", "dpsub.pate.cli": "dpsub_pate"}  # fmt: skip
-COMMAND = re.compile(r"(?:^|[\s`])(?:-m\s+)?(dpsub-audit|dpsub-pate|dpsub\.(?:audit|pate)\.cli)\b")
+           "dpsub.cli.audit": "dpsub_audit", "dpsub.cli.pate": "dpsub_pate"}  # fmt: skip
+COMMAND = re.compile(r"(?:^|[\s`])(?:-m\s+)?(dpsub-audit|dpsub-pate|dpsub\.cli\.(?:audit|pate))\b")
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
          REPO / "conf" / "dpsub_audit.yaml", REPO / "conf" / "dpsub_pate.yaml"]  # fmt: skip
 EXTRA = "seed=1"
@@ -61,7 +61,7 @@ def check(command: str, overrides: list[str], monkeypatch) -> None:
     import sys
 
     config_name = CONFIGS[command]
-    module = importlib.import_module(f"dpsub.{config_name.split('_')[1]}.cli")
+    module = importlib.import_module(f"dpsub.cli.{config_name.split('_')[1]}")
     monkeypatch.setattr(module, "main", lambda: None)
     monkeypatch.setattr(sys, "argv", [command, *overrides])
     module.cli()  # a refusal: one line on stderr and SystemExit(2)

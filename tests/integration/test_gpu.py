@@ -2,7 +2,7 @@
 
 Skipped without CUDA. ``DPSUB_GPU_TESTS_ON_CPU=1`` runs it on the CPU instead (the GPU
 kit's ``--tiny`` mode does, with ``-k tiny``; a developer can run all of it to check the
-tests themselves). Every test builds real runs with :func:`dpsub.training.run.build_run`
+tests themselves). Every test builds real runs with :func:`dpsub.training.build.build_run`
 on synthetic data, so it needs no dataset. TF32 is turned off where norms are compared.
 """
 
@@ -15,8 +15,8 @@ import torch
 
 from dpsub.errors import ResumeError
 from dpsub.mechanisms.options import SPECS
+from dpsub.training.build import build_run, load_run_state, run_state, train_step
 from dpsub.training.checkpoint import rng_state
-from dpsub.training.run import build_run, load_run_state, run_state, train_step
 
 from conftest import compose_cfg
 

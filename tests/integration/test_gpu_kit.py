@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from dpsub.errors import ResumeError
-from dpsub.gpu import cells, kit, stage
-from dpsub.gpu.harvest import harvest
+from dpsub.experiments.gpu import cells, kit, stage
+from dpsub.experiments.gpu.harvest import harvest
 from dpsub.training.checkpoint import restore_rng, rng_state
 
 from conftest import REPO, run_script_in_process

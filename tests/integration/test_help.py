@@ -20,9 +20,9 @@ CONF = REPO / "conf"
 
 @pytest.fixture(scope="module")
 def help_text() -> str:
-    """``python -m dpsub.train hydra/help=dpsub --help``'s output (its cli() in this process)."""
+    """``python -m dpsub.cli.train hydra/help=dpsub --help``'s output (its cli() in this process)."""
     env = {**os.environ, "DPSUB_DATA": "/nonexistent"}
-    proc = run_in_process("dpsub.train", ["hydra/help=dpsub", "--help"], env)
+    proc = run_in_process("dpsub.cli.train", ["hydra/help=dpsub", "--help"], env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dpsub.grads import ClippedResidualSum
-from dpsub.training.run import build_run, train_step
+from dpsub.training.build import build_run, train_step
 
 from conftest import compose_cfg, needs_shared
 from helpers.hostile import GEP_MODES, MECHANISMS, MODELS, build, check_hostile

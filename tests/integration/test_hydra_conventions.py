@@ -10,9 +10,9 @@ import shlex
 
 import pytest
 
+from dpsub.cli.common import config_dirs, run_dir_arg
 from dpsub.errors import ConfigError
 from dpsub.overrides import check_overrides, compose, use_config_dirs
-from dpsub.train import config_dirs, run_dir_arg
 
 from conftest import REPO
 

@@ -16,7 +16,7 @@ from dpsub.eval.mia import (
     loss_threshold_attack,
     wilson_interval,
 )
-from dpsub.training.run import build_run
+from dpsub.training.build import build_run
 
 from conftest import REPO, SYNTH, compose_cfg, run_script_in_process
 
@@ -105,7 +105,7 @@ def test_evaluate_run_touches_neither_model_nor_training_randomness():
 
 # ------------------------------------------------------------- trainer hook
 def test_eval_mia_is_logged_under_private_and_uncovers_the_run(tmp_path):
-    from dpsub.training.trainer import train
+    from dpsub.training.loop import train
 
     train(compose_cfg(*SYNTH, "eval.mia=true", "eval.mia_examples=50"), tmp_path / "run")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -123,7 +123,7 @@ def mia_script(*args) -> subprocess.CompletedProcess:
 
 
 def test_mia_script_on_a_finished_run(tmp_path):
-    from dpsub.training.trainer import train
+    from dpsub.training.loop import train
 
     run_dir = tmp_path / "run"
     train(compose_cfg(*SYNTH, "aux=heldout_test", "aux.num_samples=40"), run_dir)

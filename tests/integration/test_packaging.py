@@ -55,23 +55,23 @@ def test_conf_dir_in_a_checkout_is_the_repository_conf() -> None:
     assert conf_dir() == REPO / "conf"
 
 
-def test_every_command_s_script_is_in_the_wheel_list() -> None:
-    """pyproject.toml's entry points and force-include list name the same scripts."""
+def test_every_command_is_a_module_entry_point_with_a_script_wrapper() -> None:
+    """pyproject.toml's entry points are functions of dpsub.experiments (no scripts shipped)."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-    from dpsub.commands import COMMANDS
+    from dpsub.experiments.commands import COMMANDS
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     scripts = project["project"]["scripts"]
     include = project["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    assert not any(k.startswith("scripts/") for k in include)  # the commands are modules
     for command, script in COMMANDS.items():
-        assert scripts[command] == f"dpsub.commands:{command.removeprefix('dpsub-')}", command
-        assert include[f"scripts/{script}"] == f"dpsub/scripts/{script}"
+        assert scripts[command] == f"dpsub.experiments.{script.removesuffix('.py')}:cli", command
         assert (REPO / "scripts" / script).is_file()
 
 
 def test_messages_name_the_scripts_in_a_checkout_and_the_commands_in_an_install(monkeypatch):
-    from dpsub import commands
+    from dpsub.experiments import commands
 
     assert commands.how_to_run("make_table.py") == "python scripts/make_table.py"  # checkout
     monkeypatch.setattr(commands, "wheel_install", lambda: True)

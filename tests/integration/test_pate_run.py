@@ -10,9 +10,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from dpsub.cli.pate import run_pate
 from dpsub.config import compose
 from dpsub.pate import run as pate_run
-from dpsub.pate.cli import run_pate
 from dpsub.pate.teachers import TeacherOptions, train_chunk
 
 from conftest import run_in_process
@@ -127,7 +127,7 @@ def test_pate_end_to_end_and_resume(tmp_path, monkeypatch):
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, arg, key):
     out = tmp_path / "run"
     words = [arg, f"out_dir={out}", "logger=disabled"]  # dpsub-pate's cli() in this process
-    proc = run_in_process("dpsub.pate.cli", words, dict(os.environ))
+    proc = run_in_process("dpsub.cli.pate", words, dict(os.environ))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert key in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not out.exists()
@@ -145,7 +145,7 @@ def test_data_dependent_epsilon_only_on_request_and_then_not_covered(tmp_path):
 def test_validation_split_tunes_without_the_test_set(tmp_path, monkeypatch):
     """dataset.validation_size: teachers train on the rest of the private set, the public
     pool is unchanged, and the student is evaluated on the held-out examples only."""
-    from dpsub.training import trainer
+    from dpsub.training import loop as trainer
 
     seen = []
     real = trainer.evaluate
@@ -267,7 +267,7 @@ def test_smooth_sensitivity_release_is_charged_recorded_and_covered(tmp_path, mo
     release draws nothing new."""
     from dpsub.pate.accounting import ORDERS, PateLedger
     from dpsub.pate.smooth import gnss_rdp
-    from dpsub.privacy.accountant import rdp_to_epsilon
+    from dpsub.privacy.accountants import rdp_to_epsilon
 
     monkeypatch.setattr(pate_run, "compute_votes", _agreeing_votes)
     extra = [

@@ -3,7 +3,7 @@
 Each line is mapped to the cheap overrides appended to it (steps, evaluation, where to
 write) in tests/helpers/readme.py. A README line without an entry there, or an entry whose line
 left the README, fails the test: the README and what is tested cannot drift apart. The fast
-lines run ``dpsub.train.cli()`` in this process; the lines that train run as subprocesses in
+lines run ``dpsub.cli.train.cli()`` in this process; the lines that train run as subprocesses in
 tests/e2e/test_e2e_readme.py.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpsub.training.run import build_run, train_step
+from dpsub.training.build import build_run, train_step
 
 from conftest import compose_cfg
 

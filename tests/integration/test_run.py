@@ -13,7 +13,7 @@ from dpsub.mechanisms import MECHANISMS, Phase, StepResult, register
 from dpsub.mechanisms.dpsgd import DPSGD
 from dpsub.mechanisms.options import SPECS, declare, opt
 from dpsub.privacy import NoiseBlock, epsilon_for
-from dpsub.training.run import build_run, train_step
+from dpsub.training.build import build_run, train_step
 
 from conftest import SYNTH, compose_cfg
 

@@ -15,7 +15,7 @@ import torch.optim.optimizer as optim_hooks
 
 from dpsub.errors import ConfigError
 from dpsub.training.checkpoint import lock_run_dir
-from dpsub.training.trainer import train
+from dpsub.training.loop import train
 
 from conftest import REPO, SYNTH, compose_cfg
 
@@ -154,7 +154,7 @@ def test_a_seeded_run_killed_before_its_first_checkpoint_resumes_by_replay_from_
 
 def test_ctrl_c_before_the_first_step_leaves_no_run_dir(tmp_path, monkeypatch):
     """Ctrl-C while a run sets up (issue 36): nothing half-written is left behind."""
-    from dpsub.training import trainer
+    from dpsub.training import loop as trainer
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -165,7 +165,7 @@ def test_ctrl_c_before_the_first_step_leaves_no_run_dir(tmp_path, monkeypatch):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("command", ["dpsub.train", "dpsub.audit.cli", "dpsub.pate.cli"])
+@pytest.mark.parametrize("command", ["dpsub.cli.train", "dpsub.cli.audit", "dpsub.cli.pate"])
 def test_ctrl_c_is_one_line_and_exit_130(command, monkeypatch, capsys):
     """A 77-line traceback before (issue 36); the end-to-end SIGINT is tests/e2e."""
     import importlib
@@ -201,7 +201,7 @@ def test_a_resumed_run_s_step_lines_show_the_last_evaluated_accuracy(tmp_path, m
     import json
     import logging
 
-    from dpsub.training import trainer
+    from dpsub.training import loop as trainer
 
     def stop_at_3(run, stop):
         stop.signum = signal.SIGTERM

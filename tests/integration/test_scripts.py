@@ -8,7 +8,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -141,8 +140,7 @@ def test_plot_runs_takes_a_sweep_folder_one_legend_entry_per_setting(tmp_path: P
     import matplotlib
 
     matplotlib.use("Agg")
-    sys.path.insert(0, str(SCRIPTS))
-    import plot_runs
+    from dpsub.experiments import plot_runs
 
     runs = plot_runs.load([make_sweep(tmp_path)])
     assert [name for name, _ in runs] == ["mechanism.name=dpsgd", "mechanism.name=gep"]
@@ -179,15 +177,10 @@ def test_summarize_runs_bad_run_dir(tmp_path: Path, problem: str) -> None:
 
 
 def _mutation_check():
-    """scripts/mutation_check.py as a module."""
-    import importlib.util
+    """What scripts/mutation_check.py runs: dpsub.experiments.mutations."""
+    import importlib
 
-    path = Path(__file__).resolve().parents[2] / "scripts" / "mutation_check.py"
-    spec = importlib.util.spec_from_file_location("mutation_check", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["mutation_check"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("dpsub.experiments.mutations")
 
 
 def test_every_mutant_of_mutation_check_still_applies():

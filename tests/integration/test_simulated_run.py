@@ -13,7 +13,7 @@ import pytest
 
 from dpsub.errors import ResumeError
 from dpsub.privacy import PrivacyLedger, epsilon_for
-from dpsub.training.trainer import train
+from dpsub.training.loop import train
 
 from conftest import SYNTH, compose_cfg
 

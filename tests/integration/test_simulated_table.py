@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dpsub import tables
 from dpsub.errors import ConfigError
+from dpsub.experiments import tables
 
 from helpers.tables import TINY, load_script
 

@@ -42,7 +42,7 @@ def test_continuing_a_sweep_refuses_overrides_that_change_its_runs(tmp_path):
 def test_a_job_another_process_is_training_is_skipped_not_recorded_failed(tmp_path, caplog):
     """Two sweeps over one table (two lanes): the job the other holds is left to it, with a
     warning; it is not a failure (no failed-jobs record, no ERROR line)."""
-    from dpsub import sweeps
+    from dpsub.cli import sweeps
     from dpsub.training.checkpoint import lock_run_dir
 
     run_dir = tmp_path / "job"
@@ -62,7 +62,7 @@ def test_a_job_another_process_is_training_is_skipped_not_recorded_failed(tmp_pa
 def test_a_job_that_began_resumes_even_without_a_checkpoint(tmp_path):
     """Issue 36.2: a secure job killed before its first checkpoint ran again as a new run,
     its ledger forgetting the releases the killed attempt made."""
-    from dpsub import sweeps
+    from dpsub.cli import sweeps
 
     resumed = []
     job = tmp_path / "job"

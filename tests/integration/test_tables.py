@@ -11,8 +11,8 @@ import subprocess
 import pytest
 from omegaconf import OmegaConf
 
-from dpsub import costs, tables
 from dpsub.errors import ConfigError
+from dpsub.experiments import costs, tables
 
 from conftest import REPO, compose_cfg
 from helpers.tables import TINY, check_cells, load_script, one_cell_per_kind, script

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpsub.logging import read_metrics
 from dpsub.privacy import epsilon_for
-from dpsub.training.trainer import train
+from dpsub.tracking import read_metrics
+from dpsub.training.loop import train
 
 from conftest import cli_in_process, compose_cfg
 from helpers.runs import (

@@ -7,7 +7,7 @@ import torch
 
 from dpsub.config import validate
 from dpsub.errors import ConfigError
-from dpsub.training.run import build_run, train_step
+from dpsub.training.build import build_run, train_step
 
 from conftest import SYNTH, compose_cfg
 

@@ -1,6 +1,11 @@
 """The layering contract of ``src/dpsub``: no import runs up a layer.
 
-Every package (or top-level module) of dpsub has a rank; a module may import its own
+Three tiers: the library core (privacy, grads, subspace, mechanisms, data, models,
+training, features, audit, pate...) <- the Python API (``dpsub.api``) <- the front ends:
+the command line (``dpsub.cli``) and the research tooling (``dpsub.experiments``). No core
+module imports the API or a front end; the API imports no front end.
+
+Within the core, every package (or top-level module) of dpsub has a rank; a module may import its own
 package and packages of a lower rank only, lazily (inside a function) or under
 ``TYPE_CHECKING`` included. So ``grads`` and ``subspace`` no longer import each other,
 evaluation does not import training, and the privacy core imports nothing above it.
@@ -29,7 +34,7 @@ LAYERS = {
     "privacy": 1,  # noise, sampling, calibration, the account: needs only errors
     "data": 2,
     "models": 2,
-    "logging": 2,
+    "tracking": 2,  # metrics.jsonl and Weights & Biases (a run's tracking)
     "grads": 3,  # per-example gradients and clipping (Sensitive values)
     "features": 3,  # frozen feature extractors and their cache (uses data)
     "subspace": 4,  # bases, carriers, the low-rank reparametrization
@@ -37,24 +42,25 @@ LAYERS = {
     "config": 6,  # validates the declarations of mechanisms, data and models
     "eval": 6,  # evaluations of a trained model (not of the training loop)
     "training": 7,
-    "api": 8,  # the Python API (make_private): the core composed from the caller's objects
-    "tables": 7,  # study tables (dpsub-reproduce, sweeps)
-    "costs": 8,  # what a table's jobs cost: N, steps, step times (reproduce --dry-run)
-    "train": 8,  # the command line
     "overrides": 1,  # command-line overrides checked against conf/ (torch-free)
-    "commands": 8,  # console commands that run the scripts
     "audit": 10,  # privacy audits of the real training step and of PATE's aggregators
-    "runs": 0,  # a run folder's file names and loading (no torch)
-    "stats": 0,  # intervals and tests over seeds (no torch)
-    "studies": 7,  # the studies' tables rendered from run folders
-    "gpu": 9,  # the GPU kit (staging, smoke, bench, table cells): drives the CLI
+    "rundir": 0,  # a run folder's file names and loading (no torch)
     "pate": 9,  # PATE: teachers, aggregators, its own ledger and entry point
-    "bench": 9,  # benchmark helpers: other frameworks' steps (peers), cost-growth plots
+    "api": 20,  # the Python API (tier 2)
+    "cli": 30,  # the command line: dpsub-train, -audit, -pate, sweeps (tier 3)
+    # the research tooling (tier 3): paper tables, studies, costs, statistics, the benchmark,
+    # the GPU kit, the installed dpsub-reproduce / -table / -summarize / -plot / -mia; it
+    # drives the command line's runs (reproduce runs its jobs as dpsub-train's sweeps do)
+    "experiments": 31,
 }
 
+#: The three tiers, by the rank a package has above: the core, the API, the front ends.
+TIERS = {"core": range(0, 20), "api": range(20, 30), "front": range(30, 50)}
+#: The front ends' packages (the command line, the research tooling) and nothing else.
+FRONT = {"cli", "experiments"}
 
-#: Modules that are one concern with another (the command line and its sweeps call each other).
-SAME_ROOM = {"sweeps": "train"}
+#: Modules that are one concern with another.
+SAME_ROOM: dict[str, str] = {}
 
 
 def _room(name: str) -> str:
@@ -109,6 +115,26 @@ def _violations() -> list[str]:
 
 def test_no_import_runs_up_a_layer():
     assert _violations() == []
+
+
+def _tier(package: str) -> str:
+    return next(t for t, ranks in TIERS.items() if LAYERS[package] in ranks)
+
+
+def test_three_tiers_core_api_front_ends():
+    """Every package is in one tier; the front ends are exactly the command line and the
+    research tooling; nothing but a front end imports ``dpsub.cli``."""
+    assert {p for p in LAYERS if _tier(p) == "front"} == FRONT
+    assert {p for p in LAYERS if _tier(p) == "api"} == {"api"}
+    rooms = {p: _room(p.relative_to(SRC).parts[0].removesuffix(".py")) for p in SRC.rglob("*.py")}
+    users = [
+        f"{path.relative_to(SRC)}:{line}"
+        for path, room in sorted(rooms.items())
+        if room == "__init__" or _tier(room) != "front"
+        for line, mod in _imports(path)
+        if _package(mod) == "cli"
+    ]
+    assert users == []
 
 
 def test_the_contract_catches_an_upward_import(tmp_path, monkeypatch):
@@ -223,7 +249,7 @@ def test_each_enumeration_has_its_implementations():
     from dpsub import choices
     from dpsub.data.datasets import LOADERS
     from dpsub.grads.engine import BACKEND_CLASSES
-    from dpsub.privacy.accountant import ACCOUNTANT_CLASSES
+    from dpsub.privacy.accountants import ACCOUNTANT_CLASSES
     from dpsub.privacy.sampling import build_sampler
 
     assert tuple(ACCOUNTANT_CLASSES) == choices.ACCOUNTANTS
@@ -234,11 +260,11 @@ def test_each_enumeration_has_its_implementations():
 
 
 def test_run_dir_file_names_come_from_runs():
-    """``summary.json``, ``config.yaml``... are named in dpsub/runs.py (RunDir), not spelled
+    """``summary.json``, ``config.yaml``... are named in dpsub/rundir.py (RunDir), not spelled
     out across the code (PATE's and the GPU kit's own writers aside, for now)."""
     names = r"[\"'](summary\.json|metrics\.jsonl|train\.log|checkpoint\.pt|mia\.json|validation\.json)[\"']"
-    pending = {"src/dpsub/runs.py", "src/dpsub/pate/cli.py", "src/dpsub/gpu/cells.py",
-               "scripts/pdpsgd_study.py"}  # fmt: skip
+    pending = {"src/dpsub/rundir.py", "src/dpsub/cli/pate.py", "src/dpsub/experiments/gpu/cells.py",
+               "src/dpsub/experiments/pdpsgd_study.py"}  # fmt: skip
     assert _grep(names, _py("src/dpsub", "scripts"), pending) == []
 
 

@@ -14,7 +14,7 @@ from dpsub.grads import GradEngine, clipped_sum
 from dpsub.grads.ghost import GhostClipper
 from dpsub.mechanisms import StepContext
 from dpsub.privacy import Privatizer, SeededNoise
-from dpsub.training.run import build_run, train_step
+from dpsub.training.build import build_run, train_step
 
 from conftest import SYNTH, compose_cfg
 from helpers.hostile import HOSTILE, releases

@@ -18,7 +18,7 @@ from dpsub.grads import GradEngine
 from dpsub.mechanisms import build_mechanism
 from dpsub.mechanisms.dphero import hero_scales
 from dpsub.privacy import NoiseBlock, Privatizer, SeededNoise, Sensitive, epsilon_for
-from dpsub.training.run import build_run, train_step
+from dpsub.training.build import build_run, train_step
 
 from conftest import SYNTH, compose_cfg
 

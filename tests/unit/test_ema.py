@@ -8,8 +8,8 @@ import io
 import torch
 from torch import nn
 
+from dpsub.training.build import build_run, load_run_state, run_state, train_step
 from dpsub.training.ema import EMA, evaluate_released, released_state
-from dpsub.training.run import build_run, load_run_state, run_state, train_step
 
 from conftest import SYNTH, compose_cfg
 

@@ -1,4 +1,4 @@
-"""Tests of dpsub.logging: metrics.jsonl and the offline W&B transaction log."""
+"""Tests of dpsub.tracking: metrics.jsonl and the offline W&B transaction log."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from dpsub.logging import RunLogger, read_metrics
-from dpsub.logging.run_logger import _wait_for_exit_record
+from dpsub.tracking import RunLogger, read_metrics
+from dpsub.tracking.run_logger import _wait_for_exit_record
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

@@ -19,7 +19,7 @@ from dpsub.grads.clip import ClipStats, clip_rows, clipped_sum
 from dpsub.mechanisms import StepContext, build_mechanism
 from dpsub.privacy import Privatizer, SeededNoise
 from dpsub.privacy.sampling import PoissonSampler, ShuffleSampler, seeded_uniform
-from dpsub.training.run import build_run, train_step
+from dpsub.training.build import build_run, train_step
 
 from conftest import SYNTH, compose_cfg, loop_grads
 from helpers.mechanisms import ctx, make_huge, setup

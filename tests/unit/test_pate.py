@@ -18,7 +18,7 @@ from dpsub.pate.accounting import (
 from dpsub.pate.aggregators import ConfidentGNMax, GNMax, LNMax, build_aggregator
 from dpsub.pate.pool import public_split
 from dpsub.pate.votes import hash_partition, histograms, members, partition
-from dpsub.privacy.accountant import epsilon_for
+from dpsub.privacy.accountants import epsilon_for
 
 
 # ------------------------------------------------------------------ aggregators
@@ -332,6 +332,6 @@ def test_a_reserved_release_is_in_every_epsilon_and_the_budget():
 
 
 def epsilon_of(rdp):
-    from dpsub.privacy.accountant import rdp_to_epsilon
+    from dpsub.privacy.accountants import rdp_to_epsilon
 
     return rdp_to_epsilon(rdp, 1e-5, ORDERS)

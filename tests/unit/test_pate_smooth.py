@@ -13,7 +13,7 @@ import pytest
 
 from dpsub.pate import smooth
 from dpsub.pate.accounting import log_q_gnmax, rdp_gnmax_data_dependent
-from dpsub.privacy.accountant import rdp_to_epsilon
+from dpsub.privacy.accountants import rdp_to_epsilon
 
 
 def _cost(counts, sigma, order) -> float:

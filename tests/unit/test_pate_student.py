@@ -7,15 +7,15 @@ import dataclasses
 import pytest
 import torch
 
+from dpsub.cli.pate import _student
 from dpsub.config import compose
 from dpsub.errors import ConfigError
 from dpsub.pate.accounting import PateLedger
-from dpsub.pate.cli import _student
 from dpsub.pate.options import check_options
 from dpsub.pate.pool import make_pools
 from dpsub.pate.run import split
 from dpsub.pate.student import StudentOptions, augment, student_data, train_student
-from dpsub.training.run import load_data
+from dpsub.training.build import load_data
 
 SEMI = ["pate.public_size=120", "pate.student.semi_supervised=true", "pate.student.epochs=2",
         "pate.student.batch_size=16", "pate.student.confidence=0.3", "logger=disabled",

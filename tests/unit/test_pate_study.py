@@ -1,11 +1,11 @@
-"""The PATE study (dpsub.studies, PATE_SETTINGS): tuning picks on validation accuracy only, final runs
+"""The PATE study (dpsub.experiments.studies, PATE_SETTINGS): tuning picks on validation accuracy only, final runs
 reuse the tuning teachers, the table shows both epsilons beside the paper."""
 
 from __future__ import annotations
 
 import json
 
-from dpsub import studies
+from dpsub.experiments import studies
 
 
 def _run(path, **summary):

@@ -18,7 +18,7 @@ from dpsub.errors import ConfigError
 from dpsub.grads import GradEngine
 from dpsub.mechanisms import StepContext, build_mechanism
 from dpsub.privacy import Privatizer, SeededNoise
-from dpsub.training.run import build_run, train_step
+from dpsub.training.build import build_run, train_step
 
 from conftest import SYNTH, compose_cfg, loop_grads
 

@@ -171,7 +171,7 @@ def test_rdp_orders_and_calibration_equal_opacus_exactly():
     from opacus.accountants import RDPAccountant
     from opacus.accountants.utils import get_noise_multiplier
 
-    from dpsub.privacy.accountant import DEFAULT_ORDERS
+    from dpsub.privacy.accountants import DEFAULT_ORDERS
 
     assert list(DEFAULT_ORDERS) == RDPAccountant.DEFAULT_ALPHAS
     for eps, q, steps in [(2.0, 256 / 60000, 2000), (0.5, 0.01, 300), (8.0, 0.2, 56), (3, 1, 4)]:

@@ -37,7 +37,7 @@ NUMBER = re.compile(r"(?<![\w.])[-+]?\d+\.\d+(?![\w.])")
 PATHLIKE = re.compile(r"`+([^`]+)`+|\]\(([^)\s#]+)")  # code spans (words inside) and links
 TEXT = {".md", ".json", ".jsonl", ".csv", ".yaml", ".txt", ".log", ".py"}
 #: The papers' values, which tables print beside the measured ones.
-REFERENCES = ("conf/paper", "src/dpsub/studies.py", "scripts/pdpsgd_study.py")
+REFERENCES = ("conf/paper", "src/dpsub/experiments/studies.py", "scripts/pdpsgd_study.py")
 #: README.md sections whose tables are results (the others are options and commands).
 README_RESULTS = ("Results", "Reproducing")
 #: README.md tables known to fail (no file behind some numbers), by their header row.
@@ -115,15 +115,13 @@ def numbers_in(path: Path) -> frozenset[str]:
 @cache
 def generated(readme: Path) -> frozenset[str]:
     """The table lines a script generates for ``readme`` now (empty if none does)."""
-    import sys
     from types import SimpleNamespace
 
-    from dpsub import studies, tables
+    from dpsub.experiments import studies, tables
 
     rel = readme.relative_to(ROOT).parts
     if rel[0] == "results" and len(rel) == 5 and rel[2] in tables.table_names():
-        sys.path.insert(0, str(ROOT / "scripts"))
-        import make_table
+        from dpsub.experiments import make_table
 
         setting, *extra = rel[3].split("+")
         table = tables.load_table(rel[2])

@@ -22,7 +22,7 @@ from dpsub.models import build_model
 from dpsub.privacy import Privatizer, SeededNoise
 from dpsub.subspace.lowrank import power_carriers
 from dpsub.subspace.reparam import LowRankReparam
-from dpsub.training.run import build_run, load_run_state, run_state, train_step
+from dpsub.training.build import build_run, load_run_state, run_state, train_step
 
 from conftest import SYNTH, compose_cfg
 from helpers.rgp import INF, check_ghost_carriers, rand_carriers

@@ -1,4 +1,4 @@
-"""dpsub.runs: reading finished runs' saved configs."""
+"""dpsub.rundir: reading finished runs' saved configs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from dpsub import runs
+from dpsub import rundir as runs
 
 SAVED = """\
 optim: {lr: 1e-3, momentum: .9, nesterov: false}

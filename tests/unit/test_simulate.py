@@ -87,7 +87,7 @@ def test_a_reference_batch_larger_than_its_dataset_is_refused():
 
 
 def test_the_plan_line_says_the_noise_level_is_simulated():
-    from dpsub.train import plan_line
+    from dpsub.cli.train import plan_line
 
     line = plan_line(compose_cfg(*SYNTH, "privacy.simulate.batch_size=1000"))
     assert "SIMULATED noise level of batch 1000 at epsilon 2.0" in line

@@ -1,10 +1,10 @@
-"""The subspace-staleness study's schedule and decision rule (dpsub.bench.staleness)."""
+"""The subspace-staleness study's schedule and decision rule (dpsub.experiments.bench.staleness)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dpsub.bench.staleness import FRESH, Plan, decide
+from dpsub.experiments.bench.staleness import FRESH, Plan, decide
 
 
 def test_each_interval_chain_starts_fresh_and_ends_n_steps_before_its_sample():

@@ -1,4 +1,4 @@
-"""dpsub.stats and the marks make_table prints: a known difference is significant, none is a tie."""
+"""dpsub.experiments.stats and the marks make_table prints: a known difference is significant, none is a tie."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from dpsub import stats
+from dpsub.experiments import stats
 
 
 def seeds(mean: float, n: int = 5, spread: float = 0.3, seed: int = 0) -> list[float]:
@@ -50,11 +50,8 @@ def test_one_seed_is_no_test_and_no_interval():
 
 def test_make_table_marks_cells_against_gp(monkeypatch):
     """The rendered cells carry the interval and the mark beside every non-GP mechanism."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-    import make_table
+    from dpsub.experiments import make_table
 
     class T:  # the bits of a Table cell_text reads
         metric = "test_accuracy"
@@ -79,11 +76,8 @@ def test_make_table_marks_cells_against_gp(monkeypatch):
 def test_make_table_verdict_says_reverses_agrees_and_not_significant(monkeypatch):
     """The verdict under a rendered table: each row against GP per column, with the paper's
     ordering; a row with one seed says nothing."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-    import make_table
+    from dpsub.experiments import make_table
 
     paper = {"dpsgd": 50.0, "gep": 60.0, "bgep": 55.0, "rgp": 52.0}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from dpsub.cli.sweeps import continue_args, job_label, job_subdir
 from dpsub.errors import ConfigError
-from dpsub.sweeps import continue_args, job_label, job_subdir
 from dpsub.training.checkpoint import RESUME_MAY_CHANGE
 
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from dpsub import tables
 from dpsub.errors import ConfigError
+from dpsub.experiments import tables
 
 
 def test_stage0_crosses_the_batch_axis_with_seeds_per_batch(tmp_path):

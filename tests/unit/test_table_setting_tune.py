@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dpsub import tables
+from dpsub.experiments import tables
 
 
 def test_setting_tune_replaces_the_grid_for_every_mechanism():

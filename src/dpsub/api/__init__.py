@@ -11,8 +11,8 @@
 
 :func:`make_private` composes the same parts as ``dpsub-train`` (the gradient engine, the
 mechanism, the privacy account with its ledger and plan, the privatizer that records
-every noise draw) through the same :func:`~dpsub.training.run.assemble_run`, and its
-releases go through the same :func:`~dpsub.training.run.release`: a seeded run gives the
+every noise draw) through the same :func:`~dpsub.training.build.assemble_run`, and its
+releases go through the same :func:`~dpsub.training.build.release`: a seeded run gives the
 weights and the ledger ``dpsub-train`` gives (a test checks it). docs/api.md is the
 reference.
 """

@@ -15,8 +15,8 @@ from dpsub.grads import GradEngine, check_private_model
 from dpsub.grads.loss import LossFn, cross_entropy
 from dpsub.mechanisms import build_mechanism
 from dpsub.mechanisms.options import SPECS
-from dpsub.privacy.account import PrivacyAccount
-from dpsub.training.run import (
+from dpsub.privacy.run_account import PrivacyAccount
+from dpsub.training.build import (
     Run,
     StepOutcome,
     assemble_run,

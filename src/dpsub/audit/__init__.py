@@ -4,5 +4,5 @@
   the one-run bound of Steinke et al.);
 * :mod:`dpsub.audit.whitebox`: the gradient-canary audit of any mechanism's real step;
 * :mod:`dpsub.audit.onerun`: the one-run input-space audit (m canary examples, one run);
-* :mod:`dpsub.audit.cli`: ``dpsub-audit`` (writes ``audit.json`` beside ``summary.json``).
+* :mod:`dpsub.cli.audit`: ``dpsub-audit`` (writes ``audit.json`` beside ``summary.json``).
 """

@@ -24,7 +24,7 @@ import numpy as np
 from dpsub.audit.bounds import clopper_pearson_epsilon
 from dpsub.pate.accounting import ORDERS, record_rdp
 from dpsub.pate.aggregators import build_aggregator
-from dpsub.privacy.accountant import rdp_to_epsilon
+from dpsub.privacy.accountants import rdp_to_epsilon
 
 REFUSED = -1
 

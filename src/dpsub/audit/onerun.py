@@ -4,7 +4,7 @@ Training Run", NeurIPS 2023).
 m canary examples (training images relabelled to a random other class: mislabeled
 examples the model can only fit by memorizing them) are taken out of the private set;
 each is put back independently with probability 1/2. One ordinary training run
-(:func:`~dpsub.training.run.train_step`, the trainer's step) follows. The auditor then
+(:func:`~dpsub.training.build.train_step`, the trainer's step) follows. The auditor then
 ranks the canaries by the final model's loss and guesses "in" for the k lowest and
 "out" for the k highest (k fixed before the run; no choice made after seeing the
 outcome), abstaining on the rest; the number v of correct guesses among r = 2k gives
@@ -79,7 +79,7 @@ def canary_losses(model, x, y, batch: int = 1024) -> torch.Tensor:
 
 def onerun_audit(cfg, audit, log=None) -> tuple[dict, object]:
     """Train once with the canaries; return (the audit's report, the finished run)."""
-    from dpsub.training.run import build_run, load_data, train_step
+    from dpsub.training.build import build_run, load_data, train_step
 
     data = load_data(cfg)
     data, cx, cy, included = insert_canaries(data, int(audit.canaries), int(audit.seed))

@@ -102,7 +102,7 @@ class Replayer:
     the releases differ only through the canary and the noise draws.
     """
 
-    run: object  # dpsub.training.run.Run
+    run: object  # dpsub.training.build.Run
     x: Tensor
     y: Tensor
     canary: CanaryEngine

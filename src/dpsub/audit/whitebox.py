@@ -14,7 +14,7 @@ itself). Trials are scored by :mod:`dpsub.audit.release` (exactly, when the rele
 affine in its noise; by one real replay per trial otherwise), and the scores become an
 epsilon lower bound (:mod:`dpsub.audit.bounds`).
 
-Between audited steps the run advances by an ordinary :func:`~dpsub.training.run.train_step`
+Between audited steps the run advances by an ordinary :func:`~dpsub.training.build.train_step`
 (no canary), so step t is audited at the state real training reaches; the audited
 sequence is a composition of the run's own Poisson-subsampled releases, which the
 accountant's epsilon covers.
@@ -201,7 +201,7 @@ def _simulate(steps: list[dict], q: float, n: int, rng: np.random.Generator):
 
 def whitebox_audit(run, opts: WhiteboxOptions) -> dict:
     """Audit ``run``'s mechanism over ``opts.steps`` steps from its current state."""
-    from dpsub.training.run import train_step
+    from dpsub.training.build import train_step
 
     mech = run.mechanism
     if not mech.private:

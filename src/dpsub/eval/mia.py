@@ -15,7 +15,7 @@ with the run marked ``covered_by_epsilon: false`` (docs/dphero.md).
 
 Pure functions (:func:`loss_threshold_attack`, :func:`best_threshold`,
 :func:`wilson_interval`) work on loss vectors; :func:`evaluate_run` applies them to a
-:class:`~dpsub.training.run.Run` (members: the run's private training set; non-members:
+:class:`~dpsub.training.build.Run` (members: the run's private training set; non-members:
 its evaluation set, from which aux sources have already removed what they use).
 """
 
@@ -44,7 +44,7 @@ __all__ = [
 
 
 class TrainedRun(Protocol):
-    """What :func:`evaluate_run` reads of a run (a :class:`~dpsub.training.run.Run` is one;
+    """What :func:`evaluate_run` reads of a run (a :class:`~dpsub.training.build.Run` is one;
     evaluation does not import training): its settings, data and model."""
 
     settings: Any  # dpsub.config.Settings: eval.mia_examples, seed, train.eval_batch_size

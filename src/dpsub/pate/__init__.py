@@ -10,6 +10,6 @@ noisy aggregator answers some queries; a student learns from the answers only.
   data-dependent bound of the 2018 paper (reported, not a guarantee).
 * :mod:`dpsub.pate.smooth`: the 2018 paper's release of the data-dependent bound with
   smooth sensitivity (noisy, its cost charged).
-* :mod:`dpsub.pate.teachers`, :mod:`dpsub.pate.student`, :mod:`dpsub.pate.cli`: the
+* :mod:`dpsub.pate.teachers`, :mod:`dpsub.pate.student`, :mod:`dpsub.cli.pate`: the
   ``dpsub-pate`` entry point (docs/pate.md).
 """

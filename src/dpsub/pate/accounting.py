@@ -12,7 +12,7 @@ Data-independent (a guarantee). A query is charged from its noise records
   ``min(eps0, alpha eps0^2 / 2)`` (Bun & Steinke 2016).
 
 Queries compose by adding RDP curves; (eps, delta) is the project's conversion
-(:func:`dpsub.privacy.accountant.rdp_to_epsilon`, Opacus' improved bound) over
+(:func:`dpsub.privacy.accountants.rdp_to_epsilon`, Opacus' improved bound) over
 :data:`ORDERS`. The budget is a filter: a query is asked only if its worst-case charge
 keeps the data-independent epsilon within the target.
 
@@ -37,7 +37,7 @@ import numpy as np
 from scipy import special, stats
 
 from dpsub.pate.aggregators import HIST_L2, VoteNoise
-from dpsub.privacy.accountant import DEFAULT_ORDERS, rdp_to_epsilon
+from dpsub.privacy.accountants import DEFAULT_ORDERS, rdp_to_epsilon
 
 #: Renyi orders: the project's, plus large ones where the data-dependent bound pays
 ORDERS = np.array(sorted(set(DEFAULT_ORDERS) | {80.0, 100.0, 128.0, 200.0, 256.0, 512.0}))

@@ -186,7 +186,7 @@ def release(answered_counts, teachers: int, rdp_at_order: float, public_range, s
     take whatever the votes (its data-independent parts; the data-independent total): the
     noisy value is clipped into it (post-processing). The reported epsilon converts the
     released RDP plus the release's own cost at ``order``."""
-    from dpsub.privacy.accountant import rdp_to_epsilon
+    from dpsub.privacy.accountants import rdp_to_epsilon
 
     order, beta, sigma = float(opts["order"]), float(opts["beta"]), float(opts["sigma"])
     ss = 0.0

@@ -1,8 +1,7 @@
 """Privacy: noise records (the privatizer), sampling, calibration, the plan, the ledger and
-the account that holds them for a run (:class:`~dpsub.privacy.account.PrivacyAccount`)."""
+the account that holds them for a run (:class:`~dpsub.privacy.run_account.PrivacyAccount`)."""
 
-from dpsub.privacy.account import PrivacyAccount  # noqa: E402  (after its parts)
-from dpsub.privacy.accountant import (
+from dpsub.privacy.accountants import (
     ACCOUNTANT_CLASSES,
     ACCOUNTANTS,
     Accountant,
@@ -26,6 +25,7 @@ from dpsub.privacy.noise import (
     effective_multiplier,
     noise_std,
 )
+from dpsub.privacy.run_account import PrivacyAccount  # noqa: E402  (after its parts)
 
 __all__ = [
     "PrivacyAccount",

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from dpsub.errors import ConfigError
-from dpsub.privacy.accountant import calibrate_plan, epsilon_for, fixed_plan
+from dpsub.privacy.accountants import calibrate_plan, epsilon_for, fixed_plan
 
 __all__ = ["NOT_A_GUARANTEE", "Simulation", "reference", "run_multiplier"]
 

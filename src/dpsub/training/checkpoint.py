@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpsub.errors import ResumeError, RunDirInUse
-from dpsub.runs import CHECKPOINT, LEDGER
+from dpsub.rundir import CHECKPOINT, LEDGER
 
 if TYPE_CHECKING:  # torch and the accountant are imported where used: resume checks stay light
     import torch

@@ -1,6 +1,6 @@
 """Data-parallel training on PyTorch's own engine (torch.distributed), same privacy guarantee.
 
-Launch with ``torchrun --nproc_per_node N -m dpsub.train ...`` (or Slurm through
+Launch with ``torchrun --nproc_per_node N -m dpsub.cli.train ...`` (or Slurm through
 ``hydra/launcher=slurm`` with several tasks per node: the ranks then come from Slurm's
 environment). What each step does across ranks:
 

@@ -8,7 +8,7 @@ with t the number of earlier updates (the warm-up of jax_privacy's ``averaging.e
 De et al. 2022 train with: early averages do not drag the initial weights along). The
 average is a function of the released gradients only (post-processing): it costs no
 privacy. Evaluation and the models that tools load from a finished run
-(:func:`dpsub.training.run.load_finished_run`) use the averaged weights; training continues
+(:func:`dpsub.training.build.load_finished_run`) use the averaged weights; training continues
 from the raw ones (the checkpoint keeps both, the average under ``ema``, so a resumed run
 continues the same average bit for bit). ``train.ema_eval=both`` also evaluates the raw
 weights, logged as ``<split>/raw_accuracy`` and ``<split>/raw_loss``.

@@ -1,0 +1,292 @@
+"""Table cells on a GPU machine: a priority queue of campaigns, run across commands and machines.
+
+A campaign is a paper table in one setting (``conf/paper/<table>.yaml``), optionally tuned:
+its tuning grid first (extended at its edges as the table says), then the picks at every
+seed. The queue (:data:`CAMPAIGNS`, in :data:`DEFAULT_ORDER`): GEP Table 1's CIFAR-10 row
+noise-matched to its paper cell (``sim-eps2``, tuned; issue 37), De et al. 2022's DP-SGD
+recipe (``de2022-cifar10``: augmult, EMA, WS; issue 42), GEP Table 1 in the paper setting,
+then GEP Tables 5 and 6 in their ``reduced`` setting, the RGP head study of issue 27
+(``rgp-head-cifar10``, tuned), the cadence study (``gep-cadence``, tuned), and GEP Table 1's
+CIFAR-10 row in its ``cpu-long`` setting (tuned).
+Within a table: seed 0 of every cell first; within a seed epsilon 8, then 2, then 5; within
+an epsilon GP (DP-SGD), then GEP, then B-GEP. The queue is planned again after every cell,
+so a finished tuning grid brings its extension or its picks into the same command.
+
+Each cell is an ordinary table job (:func:`dpsub.experiments.tables.plan_jobs`: its run dir is where
+``scripts/reproduce.py`` puts it, ``results/tables/<table>/<setting>/<variant>/<cell>``),
+trained by ``python -m dpsub.cli.train`` in a child process that checkpoints every
+``checkpoint_every`` steps. The runner packs the cells it touched into ``$OUT/cells.tar``
+after every new checkpoint, and sends SIGTERM before its deadline (the trainer finishes the
+step, checkpoints and exits), so a cell continues exactly where it stopped: ``--harvest``
+puts unfinished cells (with their checkpoint) into ``.gpu/cells/``, which travels with the
+next command, and finished ones (without it) into ``results/tables/``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpsub.experiments.gpu.stage import GPU_DIR
+from dpsub.rundir import RunDir
+
+EPSILON_ORDER = (8, 2, 5)
+MECHANISM_ORDER = ("dpsgd", "gep", "bgep")
+CKPT, CKPT_TMP, SUMMARY = "checkpoint.pt", "checkpoint.tmp", "summary.json"
+
+#: the tiny setting (CPU tests): synthetic MNIST-shaped data, a small model and subspace
+TINY_OVERRIDES = {
+    "all": [
+        "dataset=synthetic", "dataset.synthetic.n_train=64", "dataset.synthetic.n_test=32",
+        "train.batch_size=16", "train.epochs=10", "grads.microbatch=16", "train.eval_every=0",
+        "train.log_every=20", "device=cpu",
+    ],
+    "dpsgd": ["dataset.synthetic.channels=1", "dataset.synthetic.size=28", "model=mnist_cnn"],
+    "gep": ["dataset.synthetic.channels=1", "dataset.synthetic.size=28", "model=mnist_cnn",
+            "aux=gaussian", "aux.num_samples=16", "mechanism.num_bases=4"],
+    "bgep": ["dataset.synthetic.channels=1", "dataset.synthetic.size=28", "model=mnist_cnn",
+             "aux=gaussian", "aux.num_samples=16", "mechanism.num_bases=4"],
+    # the experiment's own WRN-10-1 (its train_size subset is dropped: synthetic data)
+    "rgp": ["dataset.synthetic.channels=3", "dataset.synthetic.size=32", "~dataset.train_size",
+            "mechanism.warmup_steps=2"],
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """A table in one setting; ``tune``: its tuning grid, then the picks at every seed."""
+
+    table: str
+    setting: str
+    tune: bool = False
+
+
+#: name -> campaign, in the GPU command's default order: GEP in its own regime first (the
+#: noise-matched table, then the paper's exact batch 1,000, which checks the scaling rule at
+#: full length: issue 37), then the short campaigns
+CAMPAIGNS = {
+    "gep1-cifar10-sim-eps2": Campaign("gep1-cifar10", "sim-eps2", tune=True),
+    "de2022": Campaign("de2022-cifar10", "paper"),  # the DP-SGD recipe (issue 42)
+    "gep1-cifar10-paper": Campaign("gep1-cifar10", "paper"),
+    "gep5-aux": Campaign("gep5-aux", "reduced"),
+    "gep6-anchors": Campaign("gep6-anchors", "reduced"),
+    "rgp-head": Campaign("rgp-head-cifar10", "reduced", tune=True),
+    "gep-cadence": Campaign("gep-cadence", "paper", tune=True),
+    "gep1-cifar10-cpu-long": Campaign("gep1-cifar10", "cpu-long", tune=True),
+}
+DEFAULT_ORDER = tuple(CAMPAIGNS)
+
+
+def priority(job) -> tuple:
+    eps, mech = job.cell.get("epsilon"), job.cell["mechanism"]
+    rank = lambda seq, v: seq.index(v) if v in seq else len(seq)  # noqa: E731
+    return (job.variant != "tune", job.seed, rank(EPSILON_ORDER, eps), rank(MECHANISM_ORDER, mech))
+
+
+def tiny_setting(table, setting: str):
+    """The CPU test's stand-in for ``setting``: its cells at one seed, toy data and model, a
+    one-point tuning grid; the axis overrides dropped (no data files in a test)."""
+    from dpsub.experiments import tables
+
+    base = table.setting(setting)
+    tune = table.tune_of(setting)
+    if tune is not None:
+        clip = {m: c[:1] for m, c in tune.clip.items()}
+        lr = {m: tune.lrs_of(m)[:1] for m in clip}
+        tune = tables.Tune(16, 0, lr, clip, extend=0)
+    blank = {a: {} for a in {**table.overrides, **base.axis_overrides}}
+    return tables.Setting(
+        "tiny", "CPU test of the GPU kit", TINY_OVERRIDES, base.axes, [0], blank, tune
+    )
+
+
+def campaign_jobs(c: Campaign, root: Path, tiny: bool = False, passthrough=()) -> list:
+    """The campaign's jobs in priority order (finished ones included): the paper variant,
+    or the tuning grid then the tuned picks known so far."""
+    from dpsub.experiments import tables
+
+    table, setting = tables.load_table(c.table), c.setting
+    if tiny:
+        table.settings["tiny"], setting = tiny_setting(table, setting), "tiny"
+    out, kw = Path(root) / "results" / "tables", {"passthrough": list(passthrough)}
+    if not c.tune:
+        return sorted(tables.plan_jobs(table, setting, out, "paper", **kw), key=priority)
+    tune = sorted(tables.plan_jobs(table, setting, out, "tune", **kw), key=priority)
+    picks = {cid: p["overrides"] for cid, p in tables.pick_best(table, tune).items()}
+    tuned = tables.plan_jobs(table, setting, out, "tuned", picks=picks, **kw)
+    return tune + sorted(tuned, key=priority)
+
+
+def queue(
+    root: Path, tiny: bool = False, passthrough: list[str] = (), campaigns=DEFAULT_ORDER
+) -> list:
+    """Every job of the chosen campaigns in priority order (finished ones included)."""
+    unknown = [c for c in campaigns if c not in CAMPAIGNS]
+    if unknown:
+        raise ValueError(f"unknown campaign {unknown[0]!r} (known: {', '.join(CAMPAIGNS)})")
+    return [j for c in campaigns for j in campaign_jobs(CAMPAIGNS[c], root, tiny, passthrough)]
+
+
+def rel(path: Path, root: Path) -> Path:
+    return Path(path).resolve().relative_to(Path(root).resolve())
+
+
+def restore_carried(job, root: Path) -> bool:
+    """Put a cell in progress that travelled in ``.gpu/cells`` back in its run dir."""
+    carried = Path(root) / GPU_DIR / "cells" / rel(job.dir, root)
+    if (carried / CKPT).is_file() and not (job.dir / CKPT).is_file():
+        shutil.copytree(carried, job.dir, dirs_exist_ok=True)
+        return True
+    return False
+
+
+@dataclass
+class CellRunner:
+    """Runs cells until ``deadline`` (time.time()), packing them into ``tar_path``."""
+
+    root: Path
+    tar_path: Path
+    env: dict
+    deadline: float
+    data_root: str | None = None
+    checkpoint_every: int = 50
+    grace_s: float = 45.0  # for the step in flight and the checkpoint after SIGTERM
+    min_cell_s: float = 60.0  # do not start a cell with less time than this left
+    interrupt_at_checkpoint: bool = False  # tests: SIGTERM at a cell's first checkpoint
+    max_failures: int = (
+        3  # a failed cell (e.g. its data not staged) is skipped; this many in a row stop
+    )
+    poll_s: float = 1.0
+    log: Callable[[str], None] = print
+    work: Path | None = None  # where the children's output goes (default: beside the tar)
+
+    def __post_init__(self) -> None:
+        self.touched: list[Path] = []
+        self.log_file = Path(self.work or self.tar_path.parent) / "cells.log"
+
+    def argv(self, job) -> list[str]:
+        base = [sys.executable, "-m", "dpsub.cli.train"]
+        keep = [f"train.checkpoint_every={self.checkpoint_every}"]
+        if self.data_root:
+            keep.append(f"data.root={self.data_root}")
+        if RunDir(job.dir).started:  # (stopped before its first checkpoint: from step 0)
+            return [*base, f"resume={job.dir}", *keep]
+        ov = job.hydra_overrides()
+        return [*base, *ov, "logger=disabled", "train.progress=false", *keep]
+
+    def run(self, jobs) -> list[dict]:
+        """Run the unfinished jobs in order while time is left; one record per job run.
+        ``jobs``: a list, or a function giving the queue (planned again after every cell:
+        a finished tuning grid brings its picks), each job run at most once."""
+        plan = jobs if callable(jobs) else (lambda: jobs)
+        out, tried, failed = [], set(), 0
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        self.log_file.write_text("")
+        while True:
+            job = next((j for j in plan() if not j.finished and j.dir not in tried), None)
+            if job is None:
+                break
+            tried.add(job.dir)
+            if self.deadline - time.time() < self.min_cell_s:
+                self.log(f"cells: {self.deadline - time.time():.0f} s left, stopping the queue")
+                break
+            restored = restore_carried(job, self.root)
+            status = self.run_one(job)
+            out.append({"cell": job.name, "status": status, "restored": restored})
+            failed = failed + 1 if status == "failed" else 0
+            if failed >= self.max_failures:  # reported, not retried in a loop
+                self.log(f"cells: {failed} cells failed in a row, stopping the queue")
+                break
+        return out
+
+    def run_one(self, job) -> str:
+        """finished | interrupted (checkpointed) | failed."""
+        argv = self.argv(job)
+        self.log(
+            f"cells: {'resume' if 'resume=' in argv[3] else 'start'} {rel(job.dir, self.root)}"
+        )
+        self.touched.append(job.dir)
+        with self.log_file.open("a") as f:
+            f.write(f"\n$ {' '.join(argv)}\n")
+            f.flush()
+            proc = subprocess.Popen(
+                argv, cwd=Path(__file__).resolve().parents[4], env=self.env,
+                stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+            rc = self._watch(proc, job)
+        self.pack()
+        if job.finished and rc == 0:
+            return "finished"
+        if (job.dir / CKPT).is_file() and rc in (0, 128 + signal.SIGTERM):
+            return "interrupted"
+        self.log(f"cells: {job.name} failed (exit {rc}); see cells.log")
+        return "failed"
+
+    def _watch(self, proc: subprocess.Popen, job) -> int:
+        seen, stopped_at = None, None
+        while proc.poll() is None:
+            time.sleep(self.poll_s)
+            ck = job.dir / CKPT
+            mtime = ck.stat().st_mtime_ns if ck.is_file() else None
+            if mtime is not None and mtime != seen:
+                seen = mtime
+                self.pack()
+                if self.interrupt_at_checkpoint and stopped_at is None:
+                    stopped_at = self._signal(proc, signal.SIGTERM)
+            if stopped_at is None and time.time() > self.deadline - self.grace_s:
+                stopped_at = self._signal(proc, signal.SIGTERM)
+            if stopped_at is not None and time.time() > stopped_at + self.grace_s:
+                self._signal(proc, signal.SIGKILL)
+        return proc.returncode
+
+    def _signal(self, proc: subprocess.Popen, sig: int) -> float:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        return time.time()
+
+    def pack(self) -> None:
+        """``tar_path``: every touched run dir (checkpoint included) and the cells log."""
+        tmp = self.tar_path.with_name(self.tar_path.name + ".part")
+        with tarfile.open(tmp, "w") as tar:
+            for d in dict.fromkeys(self.touched):
+                if d.is_dir():
+                    for p in sorted(d.rglob("*")):
+                        if p.is_file() and p.name != CKPT_TMP:
+                            tar.add(p, arcname=str(rel(p, self.root)))
+            if self.log_file.is_file():
+                tar.add(self.log_file, arcname="cells.log")
+        os.replace(tmp, self.tar_path)
+
+
+def harvest_cells(tar_path: Path, root: Path) -> list[str]:
+    """Finished cells -> ``results/tables/...`` (no checkpoint); unfinished -> ``.gpu/cells``."""
+    from dpsub.experiments.gpu.harvest import safe_members
+
+    root = Path(root)
+    written = []
+    with tarfile.open(tar_path) as tar:
+        members = safe_members(tar)
+        dirs = {Path(m.name).parent for m in members if m.name.startswith("results/")}
+        for d in sorted(dirs):
+            done = any(Path(m.name) == d / SUMMARY for m in members)
+            dest = root / d if done else root / GPU_DIR / "cells" / d
+            for m in members:
+                if Path(m.name).parent != d or (done and Path(m.name).name == CKPT):
+                    continue
+                dest.mkdir(parents=True, exist_ok=True)
+                with tar.extractfile(m) as src, open(dest / Path(m.name).name, "wb") as out:
+                    shutil.copyfileobj(src, out)
+            if done:
+                shutil.rmtree(root / GPU_DIR / "cells" / d, ignore_errors=True)
+            written.append(f"{'finished' if done else 'in progress'}: {dest}")
+    return written

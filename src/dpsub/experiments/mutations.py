@@ -1,0 +1,706 @@
+"""Break each privacy property on purpose and check that a test catches it.
+
+Every mutant below is one deliberate bug (halve a noise std, drop a clip, miscount N,
+log private statistics by default...). For each, the script patches the source in
+place, runs the tests that guard that property, restores the file (always, also on
+Ctrl-C), and reports whether the tests caught it. A mutant that survives means the
+suite has a gap. Run it from the repository root after changing a privacy-relevant
+part of the code::
+
+    uv run python scripts/mutation_check.py            # all mutants (~5-10 min on 2 cores)
+    uv run python scripts/mutation_check.py --list     # what each mutant breaks
+    uv run python scripts/mutation_check.py -k noise   # mutants whose name contains 'noise'
+
+Exit code 1 if any mutant survives (or no longer applies: the pattern moved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from dpsub.paths import project_root
+
+ROOT = project_root()  # the repository (an install: the working directory)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTANTS = (
+    Mutant(
+        "api-releases-any-batch",
+        "src/dpsub/api/private.py",
+        "if drawn is None or x is not drawn[1] or y is not drawn[2]:",
+        "if drawn is None:",
+        ("tests/integration/test_api.py", "-k", "only_the_batch"),
+    ),
+    Mutant(
+        "api-steps-beyond-the-plan",
+        "src/dpsub/api/private.py",
+        "        if self.run.step >= self.run.total_steps:\n            raise BudgetExhausted(",
+        "        if False:\n            raise BudgetExhausted(",
+        ("tests/integration/test_api.py", "-k", "beyond_the_plan"),
+    ),
+    Mutant(
+        "row-with-overflowing-norm-kept",
+        "src/dpsub/grads/clip.py",
+        "    ok = torch.isfinite(norms)\n    if bool(ok.all()):",
+        "    ok = torch.stack([finite_rows(_rows(t)) for t in parts]).all(0)\n"
+        "    if bool(ok.all()):",
+        ("tests/integration/test_hostile_inputs.py", "-k", "overflows or times_1e38"),
+    ),
+    Mutant(
+        "dropped-row-not-zeroed",
+        "src/dpsub/grads/clip.py",
+        "t, torch.zeros_like(t)) for t in parts]",
+        "t, t) for t in parts]",
+        ("tests/integration/test_hostile_inputs.py", "-k", "moves_each_release"),
+    ),
+    Mutant(
+        "residual-sum-keeps-a-non-finite-row",
+        "src/dpsub/grads/clip.py",
+        "        if not bool(keep.all()):",
+        "        if False:",
+        ("tests/integration/test_hostile_inputs.py", "-k", "residual_sum_drops"),
+    ),
+    Mutant(
+        "refused-run-removes-a-dir-another-process-made",
+        "src/dpsub/training/loop.py",
+        "            run_dir.mkdir(parents=True)\n",
+        "            run_dir.mkdir(parents=True, exist_ok=True)\n",
+        ("tests/integration/test_run_dir.py", "-k", "never_removes"),
+    ),
+    Mutant(
+        "features-normalized-on-private-train",
+        "src/dpsub/features/__init__.py",
+        'mean, std = public_stats(extract(public, "public"))',
+        "mean, std = public_stats(train)",
+        ("tests/unit/test_features.py", "-k", "private_split"),
+    ),
+    Mutant(
+        "efficientnet-input-normalized-by-the-batch",
+        "src/dpsub/features/efficientnet.py",
+        "        x = (x - self.mean) / self.std",
+        "        x = (x - x.mean((0, 2, 3), keepdim=True)) / x.std((0, 2, 3), keepdim=True)",
+        ("tests/unit/test_features.py", "-k", "efficientnet_input_normalization"),
+    ),
+    Mutant(
+        "feature-cache-key-ignores-the-weights",
+        "src/dpsub/features/efficientnet.py",
+        '"name": name, "weights": file_hash(path),',
+        '"name": name,',
+        ("tests/unit/test_features.py", "-k", "invalidated_by_the_weights"),
+    ),
+    Mutant(
+        "pate-data-dependent-epsilon-still-covered",
+        "src/dpsub/cli/pate.py",
+        '"covered_by_epsilon": not dd,',
+        '"covered_by_epsilon": True,',
+        ("tests/integration/test_pate_run.py",),
+    ),
+    Mutant(
+        "simulated-run-marked-covered",
+        "src/dpsub/training/loop.py",
+        '        uncover(run, "simulated_noise")\n',
+        "        pass\n",
+        ("tests/integration/test_simulated_run.py", "-k", "labelled"),
+    ),
+    Mutant(
+        "simulated-run-charged-the-reference-noise",
+        "src/dpsub/privacy/run_account.py",
+        "noise_multiplier, epsilon = simulation.noise_multiplier, math.inf",
+        "noise_multiplier, epsilon = simulation.noise_multiplier_ref, math.inf",
+        ("tests/unit/test_simulate.py", "-k", "charges_the_noise_drawn"),
+    ),
+    Mutant(
+        "dpsgd-half-noise",
+        "src/dpsub/mechanisms/dpsgd.py",
+        "std = ctx.noise.std(ctx.z, self.opts.clip)",
+        "std = ctx.noise.std(0.5 * ctx.z, self.opts.clip)",
+        ("tests/unit/test_mechanisms.py", "-k", "noise_std"),
+    ),
+    Mutant(
+        "no-clipping",
+        "src/dpsub/grads/clip.py",
+        "factor = (bound / (norms + 1e-12)).clamp(max=1.0)",
+        "factor = torch.ones_like(norms)",
+        ("tests/unit/test_mechanisms.py", "-k", "sensitivity_is_clip"),
+    ),
+    Mutant(
+        "noise-reused-across-steps",
+        "src/dpsub/privacy/noise.py",
+        "return torch.randn(tuple(shape), generator=self.generator, device=device)",
+        "return torch.randn(tuple(shape), generator=torch.Generator(device).manual_seed(7), "
+        "device=device)",
+        ("tests/unit/test_mechanisms.py", "-k", "fresh"),
+    ),
+    Mutant(
+        "bgep-half-noise",
+        "src/dpsub/mechanisms/gep.py",
+        "return noise_std(z, o.clip_embedding), 0.0",
+        "return noise_std(0.5 * z, o.clip_embedding), 0.0",
+        ("tests/unit/test_mechanisms.py", "-k", "bgep_noise_measured"),
+    ),
+    Mutant(
+        "gep-residual-half-noise",
+        "src/dpsub/mechanisms/gep.py",
+        "noise_std(z2, o.clip_residual)",
+        "noise_std(0.5 * z2, o.clip_residual)",
+        ("tests/unit/test_mechanisms.py", "-k", "gep_noise_measured"),
+    ),
+    Mutant(
+        "trainer-trusts-the-mechanism",
+        "src/dpsub/privacy/run_account.py",
+        "        if not z_rec >= z * (1 - REL_TOL):",
+        "        if False:",
+        ("tests/integration/test_run.py", "-k", "less_noise"),
+    ),
+    Mutant(
+        "shaped-noise-charged-at-the-plan",
+        "src/dpsub/privacy/noise.py",
+        "self.records.append(NoiseRecord(name, s.sensitivity, std * smallest))",
+        "self.records.append(NoiseRecord(name, s.sensitivity, std))",
+        ("tests/unit/test_noise.py", "tests/integration/test_run.py", "-k", "least_noisy"),
+    ),
+    Mutant(
+        "N-counted-before-public-removal",
+        "src/dpsub/training/build.py",
+        "    n_train = int(data.train_y.shape[0])",
+        "    n_train = int(data.train_y.shape[0]) + (len(aux) if s.aux['name'] == 'public_train' else 0)",
+        ("tests/integration/test_run.py", "-k", "public_examples"),
+    ),
+    Mutant(
+        "non-finite-rows-kept",
+        "src/dpsub/grads/clip.py",
+        "    parts = [torch.where(ok.view(-1, *[1] * (t.dim() - 1)), t, torch.zeros_like(t)) "
+        "for t in parts]\n",
+        "",
+        ("tests/unit/test_mechanisms.py", "-k", "non_finite"),
+    ),
+    Mutant(
+        "ghost-first-layer-stride-and-dilation-swapped",
+        "src/dpsub/grads/ghost.py",
+        "stride=m.dilation, dilation=m.stride, groups=b,",
+        "stride=m.stride, dilation=m.dilation, groups=b,",
+        ("tests/unit/test_ghost.py", "-k", "first_layer"),
+    ),
+    Mutant(
+        "ghost-row-buffer-shared-by-layers",
+        "src/dpsub/grads/ghost.py",
+        "        buf = self.buffers.get(key)\n",
+        '        buf = self.buffers.get(key := "one")\n',
+        ("tests/unit/test_ghost.py", "-k", "matches_reference_on_every_model"),
+    ),
+    Mutant(
+        "clip-factor-on-the-first-parameter-only",
+        "src/dpsub/grads/clip.py",
+        "    total = torch.cat([c @ _rows(t) for t in parts])",
+        "    total = torch.cat([(c if i == 0 else torch.ones_like(c)) @ _rows(t) "
+        "for i, t in enumerate(parts)])",
+        ("tests/unit/test_mechanisms.py", "-k", "sensitivity_is_clip"),
+    ),
+    Mutant(
+        "budget-guard-refuses-everything",
+        "src/dpsub/privacy/accountants.py",
+        "            return eps <= self.budget + 1e-9",
+        "            return False",
+        ("tests/unit/test_privacy.py", "-k", "largest"),
+    ),
+    Mutant(  # a PRV ledger reporting its running RDP curve as the PRV epsilon
+        "prv-ledger-reports-rdp",
+        "src/dpsub/privacy/accountants.py",
+        "    rdp_exact: ClassVar[bool] = False",
+        "    rdp_exact: ClassVar[bool] = True",
+        ("tests/unit/test_privacy.py", "tests/unit/test_account.py"),
+    ),
+    Mutant(  # dpsub runs Opacus' RDP search itself (no `import opacus` at start-up)
+        "rdp-calibration-accepts-an-epsilon-over-the-target",
+        "src/dpsub/privacy/accountants.py",
+        "            if eps < epsilon:",
+        "            if eps < 1.1 * epsilon:",
+        ("tests/unit/test_privacy.py", "-k", "calibrat"),
+    ),
+    Mutant(
+        "distributed-noise-added-per-rank",
+        "src/dpsub/privacy/noise.py",
+        "        return value + std * self.source.normal(value.shape, value.device).to(value.dtype)",
+        "        noisy = s.value + std * self.source.normal(value.shape, value.device)\n"
+        "        return noisy if self.reduce is None else self.reduce(noisy)",
+        ("tests/integration/test_distributed.py", "-k", "noise_once"),
+    ),
+    Mutant(
+        "private-metrics-logged-by-default",
+        "src/dpsub/training/loop.py",
+        "    if private:\n        metrics.update(window.private_metrics())",
+        "    if True:\n        metrics.update(window.private_metrics())",
+        ("tests/integration/test_train_e2e.py", "-k", "default_logs"),
+    ),
+    Mutant(
+        "secure-ledger-not-persisted",
+        "src/dpsub/training/loop.py",
+        "        run.on_release.append(lambda r: r.ledger.save(run_dir / LEDGER_NAME, sync=True))",
+        "        pass",
+        ("tests/integration/test_run_dir.py", "-k", "secure_run_killed_before"),
+    ),
+    Mutant(
+        "prv-trusts-a-fixed-plan-past-the-budget",
+        "src/dpsub/privacy/accountants.py",
+        "            return self.steps + 1 <= self._plan_steps_within_budget()",
+        "            return True",
+        ("tests/unit/test_privacy.py", "-k", "fixed_plan"),
+    ),
+    Mutant(
+        "sweep-job-dir-named-by-a-resumable-setting",
+        "src/dpsub/cli/sweeps.py",
+        "    excluded = excluded or may_change\n",
+        "    excluded = excluded or (lambda k: k in _EXCLUDED_BEFORE)\n",
+        ("tests/unit/test_sweep_dirs.py",),
+    ),
+    Mutant(
+        "run-without-checkpoint-started-again-as-new",
+        "src/dpsub/training/loop.py",
+        "        if started:\n            raise _refuse_new_run(",
+        "        if False:\n            raise _refuse_new_run(",
+        ("tests/integration/test_run_dir.py", "-k", "killed_before_its_first_checkpoint"),
+    ),
+    Mutant(
+        "secure-restart-from-step-0-forgets-the-journal",
+        "src/dpsub/training/loop.py",
+        "        if journal is not None and journal.steps > run.ledger.steps:",
+        "        if ckpt is not None and journal.steps > run.ledger.steps:",
+        ("tests/integration/test_run_dir.py", "-k", "killed_before_its_first_checkpoint"),
+    ),
+    Mutant(
+        "sweep-job-without-checkpoint-started-again-as-new",
+        "src/dpsub/cli/sweeps.py",
+        "        return train_fn(cfg, run_dir, RunDir(run_dir).started)",
+        "        return train_fn(cfg, run_dir, RunDir(run_dir).has_checkpoint)",
+        ("tests/integration/test_sweeps.py", "-k", "began"),
+    ),
+    Mutant(
+        "resume-accepts-changed-settings",
+        "src/dpsub/training/checkpoint.py",
+        "    keys = changed_keys(saved_config, config)",
+        "    keys = []",
+        ("tests/integration/test_train_e2e.py", "-k", "edited_config"),
+    ),
+    Mutant(
+        "distributed-sums-not-reduced",
+        "src/dpsub/training/build.py",
+        "Privatizer(noise_source, reduce=dist.all_reduce if dist.active else None)",
+        "Privatizer(noise_source, reduce=None)",
+        ("tests/integration/test_distributed.py", "-k", "release_what"),
+    ),
+    Mutant(
+        "rgp-half-noise",
+        "src/dpsub/mechanisms/rgp.py",
+        "        std = ctx.noise.std(ctx.z, self.opts.clip)",
+        "        std = ctx.noise.std(ctx.z, self.opts.clip) / 2",
+        ("tests/unit/test_rgp.py", "-k", "records_give"),
+    ),
+    Mutant(
+        "rgp-head-scale-dropped",
+        "src/dpsub/subspace/reparam.py",
+        "params = {**params, name: p.detach() + s * (p - p.detach())}",
+        "params = {**params, name: p.detach() + (p - p.detach())}",
+        ("tests/unit/test_rgp.py", "-k", "authors_head"),
+    ),
+    Mutant(
+        "pdpsgd-half-noise",
+        "src/dpsub/mechanisms/pdpsgd.py",
+        "        std = ctx.noise.std(ctx.z, o.clip)\n",
+        "        std = ctx.noise.std(ctx.z, o.clip) / 2\n",
+        ("tests/unit/test_pdpsgd.py", "-k", "epsilon_equals"),
+    ),
+    Mutant(
+        "dphero-charged-the-nominal-multiplier",
+        "src/dpsub/mechanisms/dphero.py",
+        '        self.accounting = "planned" if self.floor else self.opts.accounting',
+        '        self.accounting = "nominal"',
+        ("tests/unit/test_dphero.py", "-k", "honest or accounting_option"),
+    ),
+    Mutant(
+        "secure-sampler-halves-antithetic",  # coordinate pairs exact negatives: sums noiseless
+        "src/dpsub/privacy/noise.py",
+        "r * np.sin(theta)",
+        "r * np.cos(theta + np.pi)",
+        ("tests/unit/test_noise.py", "-k", "uncorrelated"),
+    ),
+    Mutant(
+        "seeded-noise-antithetic",
+        "src/dpsub/privacy/noise.py",
+        "        return torch.randn(tuple(shape), generator=self.generator, device=device)",
+        "        n = math.prod(shape)\n"
+        "        h = torch.randn(((n + 1) // 2,), generator=self.generator, device=device)\n"
+        "        return torch.cat([h, -h])[:n].reshape(tuple(shape))",
+        ("tests/unit/test_noise.py", "-k", "uncorrelated"),
+    ),
+    Mutant(
+        "ledger-file-not-fsynced",
+        "src/dpsub/privacy/accountants.py",
+        "                os.fsync(f.fileno())",
+        "                pass",
+        (
+            "tests/unit/test_privacy.py",
+            "tests/integration/test_run_dir.py",
+            "-k",
+            "durable or fsynced",
+        ),
+    ),
+    Mutant(
+        "ledger-rename-not-durable",
+        "src/dpsub/privacy/accountants.py",
+        "            fsync_dir(path.parent)",
+        "            pass",
+        (
+            "tests/unit/test_privacy.py",
+            "tests/integration/test_run_dir.py",
+            "-k",
+            "durable or fsynced",
+        ),
+    ),
+    Mutant(
+        "secure-ledger-not-fsynced",
+        "src/dpsub/training/loop.py",
+        "r.ledger.save(run_dir / LEDGER_NAME, sync=True)",
+        "r.ledger.save(run_dir / LEDGER_NAME, sync=False)",
+        ("tests/integration/test_run_dir.py", "-k", "fsynced"),
+    ),
+    Mutant(
+        "run-dir-not-locked",
+        "src/dpsub/training/checkpoint.py",
+        "        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+        "        pass",
+        ("tests/integration/test_run_dir.py", "-k", "lock_is_held"),
+    ),
+    Mutant(
+        "coverage-forgotten-on-resume",
+        "src/dpsub/training/build.py",
+        '    run.uncovered = list(state.get("uncovered", []))',
+        "    run.uncovered = []",
+        ("tests/integration/test_coverage.py", "-k", "relabel"),
+    ),
+    Mutant(
+        "membership-inference-run-covered",
+        "src/dpsub/training/loop.py",
+        '        uncover(run, "membership_inference")  # before',
+        "        pass  # before",
+        ("tests/integration/test_mia.py", "-k", "uncovers"),
+    ),
+    Mutant(
+        "private-diagnostics-run-covered",
+        "src/dpsub/training/loop.py",
+        '        uncover(run, "private_diagnostics")',
+        "        pass",
+        ("tests/integration/test_train_e2e.py", "-k", "default_logs"),
+    ),
+    Mutant(
+        "shuffle-run-covered",
+        "src/dpsub/training/loop.py",
+        '        uncover(run, "shuffle_sampling")',
+        "        pass",
+        ("tests/integration/test_coverage.py", "-k", "shuffle"),
+    ),
+    Mutant(
+        "per-window-throughput-logged",
+        "src/dpsub/training/loop.py",
+        '        "z_eff": out.z_charged,\n',
+        '        "z_eff": out.z_charged,\n        "steps_per_s": window.steps / 1.0,\n',
+        ("tests/integration/test_coverage.py", "-k", "per_window"),
+    ),
+    Mutant(
+        "summary-drops-not-covered-statistics",
+        "src/dpsub/training/loop.py",
+        '    summary["not_covered_statistics"] = not_covered_statistics(summary)\n',
+        "",
+        ("tests/integration/test_coverage.py", "-k", "unnoised_statistics"),
+    ),
+    Mutant(
+        "secure-mode-logs-timing",
+        "src/dpsub/training/loop.py",
+        "    if run.secure or run.run_seconds <= 0:",
+        "    if run.run_seconds <= 0:",
+        ("tests/integration/test_coverage.py", "-k", "secure_mode_logs"),
+    ),
+    Mutant(
+        "dphero-floor-dropped",
+        "src/dpsub/mechanisms/dphero.py",
+        "                s = s.clamp_min(1.0)",
+        "                s = s",
+        ("tests/unit/test_dphero.py", "-k", "floor"),
+    ),
+    Mutant(
+        "audit-threshold-chosen-on-the-evaluated-trials",
+        "src/dpsub/audit/bounds.py",
+        "ev_in, ev_out = s_in[hi:], s_out[ho:]",
+        "ev_in, ev_out = s_in[:hi], s_out[:ho]",
+        ("tests/integration/test_audit.py", "-k", "never_saw"),
+    ),
+    Mutant(
+        "audit-canary-not-clipped",
+        "src/dpsub/audit/canary.py",
+        "clipped, _ = clip_rows(self._canary(value.numel(), value.device)[None], clip)",
+        "clipped = self._canary(value.numel(), value.device)[None]",
+        ("tests/integration/test_audit.py", "-k", "clipped"),
+    ),
+    Mutant(
+        "audit-gep-canary-without-residual-part",
+        "src/dpsub/audit/canary.py",
+        "return (s1 * e / e.norm() + s2 * r / r.norm()).float()",
+        "return (s1 * e / e.norm() + 0 * r).float()",
+        ("tests/unit/test_audit_canary.py",),
+    ),
+    Mutant(
+        "audit-half-noise-scores",
+        "src/dpsub/audit/whitebox.py",
+        "step.update(std_out=s_out.std, check_error=",
+        "step.update(std_out=s_out.std / 2, check_error=",
+        ("tests/integration/test_audit.py", "-k", "one_over_z"),
+    ),
+    Mutant(
+        "audit-canary-on-every-rank",
+        "src/dpsub/audit/release.py",
+        "self.canary.holder = run.dist.main",
+        "self.canary.holder = True",
+        ("tests/integration/test_audit_canary_rank.py",),
+    ),
+    Mutant(
+        "onerun-delta-term-dropped",
+        "src/dpsub/audit/bounds.py",
+        "tail += float(window.max()) * delta * 2 * m",
+        "tail += 0.0",
+        ("tests/integration/test_audit.py", "-k", "papers_maximum"),
+    ),
+    Mutant(
+        "amp-clipped-sum-in-bf16",
+        "src/dpsub/grads/engine.py",
+        "                grads, (loss, correct) = fn(params, xb, yb)\n            acc.add(",
+        "                grads, (loss, correct) = fn(params, xb, yb)\n                acc.add(",
+        ("tests/unit/test_amp.py", "-k", "float32"),
+    ),
+    Mutant(
+        "augmult-views-averaged-after-clipping",
+        "src/dpsub/grads/engine.py",
+        "        fn = self.engine._per_example_fn(target, self.engine.views_of(x))\n"
+        "        for xb, yb in self.engine._microbatches(x, y):\n"
+        "            with self.engine.autocast(x.device):\n"
+        "                grads, (loss, correct) = fn(params, xb, yb)\n"
+        '            acc.add("grad", [grads[n] for n in target.layout.names], clip)',
+        "        k = self.engine.views_of(x)\n"
+        "        fn = self.engine._per_example_fn(target, 1)\n"
+        "        xs = x.flatten(0, 1) if k > 1 else x\n"
+        "        for xb, yb in self.engine._microbatches(xs, y.repeat_interleave(k)):\n"
+        "            with self.engine.autocast(x.device):\n"
+        "                grads, (loss, correct) = fn(params, xb, yb)\n"
+        '            acc.add("grad", [grads[n] / k for n in target.layout.names], clip / k)',
+        ("tests/unit/test_augmult.py", "-k", "average_of_the_views"),
+    ),
+    Mutant(
+        "ema-saved-without-its-state",
+        "src/dpsub/training/build.py",
+        '**({"ema": run.ema.state_dict()} if run.ema is not None else {}),',
+        '**({"ema": {"updates": 0, "avg": {}}} if run.ema is not None else {}),',
+        ("tests/unit/test_ema.py", "-k", "resume_bit_exactly"),
+    ),
+    Mutant(
+        "resume-on-another-device-from-mid-run-checkpoint",
+        "src/dpsub/training/checkpoint.py",
+        "        if not clean:\n",
+        "        if False:\n",
+        ("tests/integration/test_gpu_kit.py", "-k", "clean_checkpoint"),
+    ),
+    Mutant(
+        "pate-gnmax-half-noise",
+        "src/dpsub/pate/aggregators.py",
+        "return counts + rng.normal(0.0, self.sigma, size=counts.shape)",
+        "return counts + rng.normal(0.0, 0.5 * self.sigma, size=counts.shape)",
+        ("tests/unit/test_pate.py", "-k", "gnmax_noise_std"),
+    ),
+    Mutant(
+        "audit-pate-gnmax-half-noise",
+        "src/dpsub/pate/aggregators.py",
+        "return counts + rng.normal(0.0, self.sigma, size=counts.shape)",
+        "return counts + rng.normal(0.0, 0.5 * self.sigma, size=counts.shape)",
+        ("tests/integration/test_audit_pate.py", "-k", "below_the_ledgers"),
+    ),
+    Mutant(
+        "pate-lnmax-half-noise",
+        "src/dpsub/pate/aggregators.py",
+        "noisy = counts + rng.laplace(0.0, self.scale, size=counts.shape)",
+        "noisy = counts + rng.laplace(0.0, 0.5 * self.scale, size=counts.shape)",
+        ("tests/unit/test_pate.py", "-k", "lnmax_noise"),
+    ),
+    Mutant(
+        "pate-threshold-half-noise",
+        "src/dpsub/pate/aggregators.py",
+        "if counts.max() + rng.normal(0.0, self.sigma1) < self.threshold:",
+        "if counts.max() + rng.normal(0.0, 0.5 * self.sigma1) < self.threshold:",
+        ("tests/unit/test_pate.py", "-k", "confident_threshold"),
+    ),
+    Mutant(
+        "pate-refused-query-free",
+        "src/dpsub/pate/aggregators.py",
+        "return Answer(None, (self.check_record(),))",
+        "return Answer(None, ())",
+        ("tests/unit/test_pate.py", "-k", "threshold"),
+    ),
+    Mutant(
+        "pate-gnmax-rdp-halved",
+        "src/dpsub/pate/accounting.py",
+        "return orders * record.sensitivity**2 / (2.0 * record.scale**2)",
+        "return orders * record.sensitivity**2 / (4.0 * record.scale**2)",
+        ("tests/unit/test_pate.py", "-k", "numeric_composed or exact_gaussian"),
+    ),
+    Mutant(
+        "pate-data-dependent-without-min",
+        "src/dpsub/pate/accounting.py",
+        "out[mask] = np.minimum(out[mask], log_s / lam)",
+        "out[mask] = log_s / lam",
+        ("tests/unit/test_pate.py", "-k", "data_dependent"),
+    ),
+    Mutant(
+        "pate-partition-drops-a-teacher",
+        "src/dpsub/pate/votes.py",
+        "teacher_of[perm] = np.arange(n_examples) % n_teachers",
+        "teacher_of[perm] = np.arange(n_examples) % max(1, n_teachers - 1)",
+        ("tests/unit/test_pate.py", "-k", "partition"),
+    ),
+    Mutant(
+        "pate-teacher-sees-all-data",
+        "src/dpsub/pate/teachers.py",
+        "orders = [p[torch.randperm(len(p), generator=g)] for p, g in zip(parts, gens, strict=True)]",
+        "orders = [torch.randperm(int(torch.cat(parts).max()) + 1, generator=g) for g in gens]",
+        ("tests/integration/test_pate_run.py", "-k", "vmapped"),
+    ),
+    Mutant(
+        "pate-resume-fresh-noise",
+        "src/dpsub/pate/run.py",
+        'rng.bit_generator.state = state["rng"]',
+        "pass",
+        ("tests/integration/test_pate_run.py", "-k", "resume"),
+    ),
+    Mutant(
+        "pate-public-pool-overlaps-evaluation",
+        "src/dpsub/pate/pool.py",
+        "return np.arange(public_size), np.arange(public_size, n_test)",
+        "return np.arange(public_size), np.arange(public_size - 1, n_test)",
+        ("tests/unit/test_pate.py", "-k", "overlaps"),
+    ),
+    Mutant(
+        "pate-student-reads-the-private-training-set",
+        "src/dpsub/pate/student.py",
+        "return public_x[labels[:, 0]], labels[:, 1], public_x[~answered]",
+        "return public_x[labels[:, 0]], labels[:, 1], torch.cat([public_x[~answered], "
+        "pools.train_x[:8]])",
+        ("tests/unit/test_pate_student.py", "-k", "never_reads"),
+    ),
+    Mutant(
+        "pate-smooth-local-sensitivity-halved",
+        "src/dpsub/pate/smooth.py",
+        "return BoundGrid(step, r, b, np.maximum(np.maximum(up, down), 0.0))",
+        "return BoundGrid(step, r, b, 0.5 * np.maximum(np.maximum(up, down), 0.0))",
+        ("tests/unit/test_pate_smooth.py", "-k", "brute_force"),
+    ),
+    Mutant(
+        "pate-smooth-release-noise-halved",
+        "src/dpsub/pate/smooth.py",
+        "rdp_at_order + ss * sigma * rng.normal()",
+        "rdp_at_order + 0.5 * ss * sigma * rng.normal()",
+        ("tests/unit/test_pate_smooth.py", "-k", "noise_of_the_smooth"),
+    ),
+    Mutant(
+        "pate-smooth-release-cost-dropped",
+        "src/dpsub/pate/smooth.py",
+        "eps = rdp_to_epsilon(np.array([noisy + cost]), delta, [order])",
+        "eps = rdp_to_epsilon(np.array([noisy]), delta, [order])",
+        ("tests/unit/test_pate_smooth.py", "-k", "noise_of_the_smooth"),
+    ),
+    Mutant(
+        "pate-smooth-release-cost-not-in-epsilon",
+        "src/dpsub/pate/run.py",
+        "ledger = PateLedger(cfg.privacy.delta, cfg.privacy.epsilon, rdp_reserved=reserved(pate))",
+        "ledger = PateLedger(cfg.privacy.delta, cfg.privacy.epsilon)",
+        ("tests/integration/test_pate_run.py", "-k", "smooth_sensitivity_release"),
+    ),
+    Mutant(
+        "pate-hash-partition-by-position",
+        "src/dpsub/pate/votes.py",
+        "return (h % np.uint64(n_teachers)).astype(np.int64)",
+        "return partition(len(rows), n_teachers, seed)",
+        ("tests/unit/test_pate.py", "-k", "hash_partition_keeps"),
+    ),
+    Mutant(
+        "pate-teacher-epoch-from-its-chunk",
+        "src/dpsub/pate/teachers.py",
+        "own = torch.tensor([math.ceil(len(p) / opts.batch_size) for p in parts])",
+        "own = torch.tensor([max(math.ceil(len(p) / opts.batch_size) for p in parts)] * len(parts))",
+        ("tests/integration/test_pate_run.py", "-k", "neighbours_sizes"),
+    ),
+    Mutant(
+        "pate-run-dir-continued-without-resume",
+        "src/dpsub/pate/run.py",
+        "if not resume and (saved.is_file() or (run_dir / STATE).is_file()):",
+        "if False:",
+        ("tests/integration/test_pate_run.py", "-k", "holding_a_run"),
+    ),
+    Mutant(
+        "pate-resume-under-other-settings",
+        "src/dpsub/pate/run.py",
+        'check_resume(OmegaConf.to_container(OmegaConf.load(saved)), config, None, "")',
+        "pass",
+        ("tests/integration/test_pate_run.py", "-k", "other_settings"),
+    ),
+    Mutant(
+        "tune-extension-chosen-on-test-accuracy",
+        "src/dpsub/experiments/tables.py",
+        'scores = [read_summary(j.dir).get("validation_accuracy", -math.inf) for j in jobs]',
+        'scores = [read_summary(j.dir).get("test_accuracy", -math.inf) for j in jobs]',
+        ("tests/integration/test_gpu_kit.py", "-k", "extends_its_edge"),
+    ),
+)
+
+
+def run_mutant(m: Mutant) -> str:
+    path = ROOT / m.file
+    original = path.read_text()
+    if m.old not in original:
+        return "PATTERN MOVED"
+    try:
+        path.write_text(original.replace(m.old, m.new, 1))
+        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:logging", *m.tests]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    finally:
+        path.write_text(original)
+    return "caught" if proc.returncode == 1 else f"SURVIVED (pytest exit {proc.returncode})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-k", default="", help="only mutants whose name contains this")
+    p.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = p.parse_args(argv)
+    chosen = [m for m in MUTANTS if args.k in m.name]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:36s} {m.file}: {m.old.strip().splitlines()[0][:60]!r}")
+        return 0
+    bad = 0
+    for m in chosen:
+        verdict = run_mutant(m)
+        bad += verdict != "caught"
+        print(f"{m.name:36s} {verdict}", flush=True)
+    print(f"{len(chosen) - bad} of {len(chosen)} mutants caught")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,392 @@
+"""Run a paper table's grid (``conf/paper/<table>.yaml``) as one Hydra multirun.
+
+    python scripts/reproduce.py gep1-mnist                       # the paper setting, every seed
+    python scripts/reproduce.py gep1-mnist --setting cpu --tune  # + tuning, + the tuned picks
+    python scripts/reproduce.py gep1-mnist --dry-run             # the grid and its cost
+    python scripts/reproduce.py gep1-cifar10 hydra/launcher=slurm data.root=/data
+
+Every job is a cell x seed of the table (docs/tables.md). Its run dir is
+``<out>/<table>/<setting>/<variant>/<cell>,seed=<s>``; a job whose dir holds summary.json
+is skipped, one that began but has no summary is resumed, and a job whose config equals
+that of a finished run anywhere under ``<out>`` reuses it (a symlink). The pending jobs
+run as one Hydra multirun, so any launcher works (``hydra/launcher=local`` runs two at a
+time on this machine, ``slurm`` submits them); ``hydra.*`` overrides go to Hydra, the
+others to every job. Overrides that change a run (``train.epochs=3``) name the results
+folder (``cpu+train.epochs=3``), so reduced runs never mix with full ones.
+
+``--tune`` also runs the table's tuning grid (lr x clip thresholds, the same for every
+mechanism) on ``tune.validation_size`` examples held out of the private training set,
+picks the best point per cell by validation accuracy (``tune/picks.json``) and runs the
+picks on the test set with every seed (variant ``tuned``). The tuning runs' privacy cost
+is not counted (as in the papers).
+
+``--dry-run`` prints every job with its status, N, steps and estimated time, where the runs
+go, and a one-line reason for every cost it cannot give (no step time; missing data of a
+dataset without a published size), in seconds (:mod:`dpsub.experiments.costs`): step times come from
+an earlier ``--time`` on this machine (cached in ``<out>/.step_times.json``) or from the
+steps_per_s that finished runs of the same setting recorded (under ``<out>`` and
+``results/tables``). ``--dry-run --time`` measures the missing
+ones: a couple of steps of each distinct setting (dataset shape, model, mechanism, batch,
+anchors) with the trainer's own ``build_run``/``train_step`` on synthetic data of the same
+shape (CPU time of one core). The GPU column is the CPU time divided by ``--gpu-speedup``
+(an assumption, not a measurement: no GPU has been lent to this project yet). Step times
+committed in ``results/tables/step_times.json`` fill in where this machine has none.
+
+A finished run anywhere under ``<out>`` or among the runs committed in ``results/``
+whose config equals a job's is reused (a symlink), so ``make table`` on a fresh clone
+re-renders the committed tables instead of re-running them.
+
+A bad table, setting or override is one line on stderr, exit code 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from dpsub import rundir as runs
+from dpsub.errors import ConfigError
+from dpsub.experiments import costs, tables
+from dpsub.experiments.commands import how_to_run
+from dpsub.overrides import quote_value
+from dpsub.paths import conf_dir, project_root
+
+log = logging.getLogger("dpsub.reproduce")
+COMMITTED = (
+    project_root() / "results"
+)  # the runs committed with the repository (reused, never re-run)
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def die(msg: str) -> None:
+    print(f"reproduce: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+# ------------------------------------------------------------- overrides
+def split_overrides(items: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(hydra, changing, passthrough): Hydra's own; those that change a run (they name the
+    results folder); those that cannot (data location, logging, evaluation frequency)."""
+    from dpsub.training.checkpoint import may_change
+
+    hydra_ov, extra, passthrough = [], [], []
+    for item in items:
+        key = item.lstrip("+~").split("=", 1)[0]
+        if "=" not in item:
+            die(f"override {item!r}: expected KEY=VALUE")
+        if key.startswith(("hydra.", "hydra/")):
+            hydra_ov.append(item)
+        elif may_change(key):
+            passthrough.append(item)
+        else:
+            extra.append(item)
+    return hydra_ov, extra, passthrough
+
+
+# ----------------------------------------------------------------- plan
+def plan(args, table: tables.Table) -> tuple[list[tables.Job], list[tables.Job], dict]:
+    """(jobs of phase 1, jobs of phase 2 (tuned), picks). Phase 1: the paper variant, and
+    with --tune the tuning grid; phase 2: the tuned picks (known once tuning finished)."""
+    kw = dict(extra=args.extra, passthrough=args.passthrough)
+    jobs = [] if args.skip_paper else tables.plan_jobs(table, args.setting, args.out, "paper", **kw)
+    tuned, picks = [], {}
+    if args.tune:
+        tune_jobs = tables.plan_jobs(table, args.setting, args.out, "tune", **kw)
+        jobs += tune_jobs
+        picks = tables.pick_best(table, tune_jobs)
+        tuned = tables.plan_jobs(
+            table, args.setting, args.out, "tuned",
+            picks={c: p["overrides"] for c, p in picks.items()}, **kw,
+        )  # fmt: skip
+    return only(args, jobs), only(args, tuned), picks
+
+
+def only(args, jobs: list[tables.Job]) -> list[tables.Job]:
+    """The jobs that ``--only KEY=V[,V...]`` keeps."""
+    keep = lambda j: all(  # noqa: E731
+        str({**j.cell, "seed": j.seed}.get(k)) in v.split(",") for k, v in args.only
+    )
+    return [j for j in jobs if keep(j)]
+
+
+def compose_all(jobs: list[tables.Job]) -> dict[Path, DictConfig]:
+    """Every job's config, composed and validated (ConfigError names the job)."""
+    from dpsub.config import compose, validate
+
+    out = {}
+    for job in jobs:
+        try:
+            cfg = compose(job.hydra_overrides())
+            validate(cfg)
+        except ConfigError as e:
+            raise ConfigError(f"{e} (job {job.variant}/{job.name})") from None
+        except Exception as e:  # noqa: BLE001 -- Hydra's own errors: one line
+            msg = str(e).splitlines()[0]
+            raise ConfigError(f"job {job.variant}/{job.name}: {msg}") from None
+        out[job.dir] = cfg
+    return out
+
+
+def finished_runs(root: Path) -> list[tuple[Path, dict]]:
+    """(run dir, saved config) of every finished run under ``root`` (not through symlinks)."""
+    return [(r.path, r.config_dict()) for r in runs.find_runs(root, follow_links=False)]
+
+
+def portable(cfg: dict) -> dict:
+    """``cfg`` with paths under its data.root written relative to it: the same data on two
+    machines (a committed run's aux.path) is the same setting."""
+    root = str((cfg.get("data") or {}).get("root") or "")
+    aux = dict(cfg.get("aux") or {})
+    if root and str(aux.get("path", "")).startswith(root.rstrip("/") + "/"):
+        aux["path"] = "${data.root}" + str(aux["path"])[len(root.rstrip("/")) :]
+    return {**cfg, "aux": aux}
+
+
+def status(job: tables.Job, cfg: DictConfig, done: list[tuple[Path, dict]]) -> str:
+    """done | stale:<keys> | reuse:<dir> | resume | todo. A finished run whose config is no
+    longer the job's (a tuned pick that moved when its grid was extended, an edited table) is
+    ``stale``: it is set aside and run again, never counted as the job's."""
+    from dpsub.training.checkpoint import changed_keys
+
+    new = portable(OmegaConf.to_container(cfg, resolve=True))
+    if job.finished:
+        keys = changed_keys(portable(runs.RunDir(job.dir).config_dict()), new)
+        return "stale:" + ",".join(keys) if keys else "done"
+    if runs.RunDir(job.dir).started:  # a checkpoint, or stopped before one: from step 0
+        return "resume"
+    if not job.dir.exists():
+        for d, saved in done:
+            if d != job.dir and not changed_keys(portable(saved), new):
+                return f"reuse:{d}"
+    return "todo"
+
+
+# --------------------------------------------------------------- output
+def print_grid(rows, states, gpu_factor: float) -> None:
+    say("| variant | job | status | N | steps | s/step | est. CPU | est. GPU |")
+    say("|---|---|---|---:|---:|---:|---:|---:|")
+    todo_s, reasons = 0.0, {}
+    for r in rows:
+        j, st = r["job"], states[r["job"].dir]
+        pending = st in ("todo", "resume", "after tuning")
+        todo_s += r["sec"] if pending and math.isfinite(r["sec"]) else 0.0
+        note = ""
+        if r["why"]:
+            note = f" [{reasons.setdefault(r['why'], len(reasons) + 1)}]"
+        step = f"{r['step_s']:.2f}" if math.isfinite(r["step_s"]) else "?"
+        n = r["n"] if isinstance(r["n"], int) else "?"
+        say(
+            f"| {j.variant} | {j.name} | {st.split(':')[0]} | {n} | {r['steps'] or '?'} "
+            f"| {step} | {costs.hms(r['sec'])}{note} |" + f" {costs.hms(r['sec'] * gpu_factor)} |"
+        )
+    for why, i in reasons.items():
+        say(f"[{i}] {why}")
+    total = sum(r["sec"] for r in rows if math.isfinite(r["sec"]))
+    unknown = sum(not math.isfinite(r["sec"]) for r in rows)
+    say(
+        f"\n{len(rows)} jobs; all: {costs.hms(total)} CPU"
+        + f" ({costs.hms(total * gpu_factor)} GPU, estimate)"
+        + f"; still to run: {costs.hms(todo_s)} CPU"
+        + f" ({costs.hms(todo_s * gpu_factor)} GPU, estimate)"
+        + (f"; {unknown} jobs of unknown cost not counted" if unknown else "")
+    )
+
+
+def dry_run(args, table, jobs, tuned) -> None:
+    waiting = []
+    if args.tune:  # cells still tuning: their picks' cost, the paper hyper-parameters standing in
+        every = tables.plan_jobs(
+            table, args.setting, args.out, "tuned", extra=args.extra,
+            passthrough=args.passthrough, picks={tables.cell_id(c): [] for c in table.cells(args.setting)},
+        )  # fmt: skip
+        picked = {j.dir for j in tuned}
+        waiting = [j for j in only(args, every) if j.dir not in picked]
+    all_jobs = jobs + tuned + waiting
+    cfgs = compose_all(all_jobs)
+    done = finished_runs(args.out) + finished_runs(COMMITTED)
+    states = {j.dir: status(j, cfgs[j.dir], done) for j in jobs + tuned}
+    states.update({j.dir: "after tuning" for j in waiting})
+    setting = table.setting(args.setting)
+    say(f"# {table.title}: setting {args.setting} ({setting.note})")
+    if args.extra:
+        say(f"# overrides changing the runs: {' '.join(args.extra)}")
+    say(f"# runs go to {tables.setting_dir(args.out, table, args.setting, args.extra)}/<variant>/<job>; "
+        f"render with: {how_to_run('make_table.py')} {table.name} --setting {args.setting} "
+        f"{' '.join(args.extra)}".rstrip())  # fmt: skip
+    rows, where = costs.estimate(
+        all_jobs,
+        cfgs,
+        args.out,
+        [args.out, COMMITTED],
+        args.timing_steps if args.time else None,
+        say,
+    )
+    if args.time:
+        say(f"# step times measured on {where} (load average {os.getloadavg()[0]:.1f})")
+    else:
+        say(f"# step times: measured (--time) on {where}, else recorded by finished "
+            "runs of the same setting (steps_per_s); --time measures the missing ones")  # fmt: skip
+    factor = 1 / args.gpu_speedup
+    say(f"# GPU column: NO GPU MEASURED (none was lent to this project yet): an estimate = the "
+        f"one-core CPU time / {args.gpu_speedup:g} (--gpu-speedup, an assumption: docs/gpu.md "
+        "expects ~0.1 s per ResNet20 step at batch 1000 on an H100, ~30x one core here)")  # fmt: skip
+    say("")
+    print_grid(rows, states, factor)
+
+
+# --------------------------------------------------------------- launch
+def set_aside_stale(jobs, states, base: Path) -> None:
+    """Move each stale run to ``<setting>/.stale/<variant>/<job>@<time>`` (git-ignored): its
+    files are kept, the table no longer sees them, and the job runs again."""
+    stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    for j in jobs:
+        st = states[j.dir]
+        if st.startswith("stale:"):
+            dest = base / ".stale" / j.variant / f"{j.dir.name}@{stamp}"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            j.dir.rename(dest)
+            say(f"stale {j.variant}/{j.name} (changed: {st[6:]}) -> {dest}; running it again")
+            states[j.dir] = "todo"
+
+
+def link_reused(jobs, states) -> None:
+    for j in jobs:
+        st = states[j.dir]
+        if st.startswith("reuse:"):
+            target = Path(st.split(":", 1)[1])
+            j.dir.parent.mkdir(parents=True, exist_ok=True)
+            j.dir.symlink_to(os.path.relpath(target, j.dir.parent))
+            say(f"reuse {j.variant}/{j.name} -> {target}")
+
+
+def launch(jobs: list[tables.Job], sweep_dir: Path, hydra_ov: list[str]) -> None:
+    """One Hydra multirun over ``jobs`` (the task below runs job number ``reproduce.index``)."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    spec = [{"dir": str(j.dir), "overrides": j.hydra_overrides()} for j in jobs]
+    (sweep_dir / "jobs.json").write_text(json.dumps(spec, indent=1))
+    index = ",".join(str(i) for i in range(len(jobs)))
+    sys.argv = [
+        sys.argv[0], "-m", f"hydra.sweep.dir={quote_value(str(sweep_dir))}",
+        f"+reproduce.jobs={quote_value(str(sweep_dir / 'jobs.json'))}",
+        f"+reproduce.index={index}", *hydra_ov,
+    ]  # fmt: skip
+    hydra_main()
+
+
+def _task(cfg: DictConfig) -> float:
+    """One job: compose its config, then train, resume or skip it (dpsub.cli.sweeps.run_job:
+    a failure is logged and recorded in the sweep folder; the other jobs go on)."""
+    from dpsub.cli.sweeps import run_job
+    from dpsub.cli.train import train_run
+    from dpsub.config import compose
+
+    job = json.loads(Path(cfg.reproduce.jobs).read_text())[int(cfg.reproduce.index)]
+    jcfg = compose(job["overrides"])  # validated by compose_all (Hydra: hydra_main's)
+    return run_job(jcfg, Path(job["dir"]), train_run, f"job {job['dir']}")
+
+
+def hydra_main() -> None:
+    import hydra
+
+    hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")(_task)()
+
+
+def run_phase(jobs, args, hydra_ov, label: str) -> None:
+    cfgs = compose_all(jobs)
+    done = finished_runs(args.out) + finished_runs(COMMITTED)
+    states = {j.dir: status(j, cfgs[j.dir], done) for j in jobs}
+    base = tables.setting_dir(args.out, args.table_obj, args.setting, args.extra)
+    set_aside_stale(jobs, states, base)
+    link_reused(jobs, states)
+    pending = [j for j in jobs if states[j.dir] in ("todo", "resume")]
+    say(f"{label}: {len(jobs)} jobs, {len(jobs) - len(pending)} finished or reused, "
+        f"{len(pending)} to run")  # fmt: skip
+    if pending:
+        stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        launch(pending, base / ".sweeps" / stamp, hydra_ov)
+
+
+def write_picks(args, picks: dict) -> None:
+    base = tables.setting_dir(args.out, args.table_obj, args.setting, args.extra)
+    (base / "tune").mkdir(parents=True, exist_ok=True)
+    (base / "tune" / "picks.json").write_text(json.dumps(picks, indent=1))
+
+
+# ------------------------------------------------------------------ CLI
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("table", help=f"one of: {', '.join(tables.table_names())}")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every job (hydra.*: Hydra's)")
+    p.add_argument("--setting", default="paper", help="a setting of the table (default: paper)")
+    p.add_argument(
+        "--out", type=Path, default=project_root() / "outputs" / "tables", help="results root"
+    )
+    p.add_argument("--tune", action="store_true", help="also tune lr x clip, then run the picks")
+    p.add_argument("--dry-run", action="store_true", help="print the grid and its cost only")
+    p.add_argument("--skip-paper", action="store_true",
+                   help="with --tune: only the tuning grid and the tuned picks (not the runs at "
+                        "the paper's hyper-parameters)")  # fmt: skip
+    p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
+                   help="only the cells with this axis (or seed) value, or one of the values "
+                        "A,B,... (repeatable: all must hold)")  # fmt: skip
+    p.add_argument("--time", action="store_true",
+                   help="with --dry-run: time the step of every setting without a cached time "
+                        "(minutes); otherwise cached or recorded step times only (seconds)")  # fmt: skip
+    p.add_argument("--timing-steps", type=int, default=2, help="timed steps per setting")
+    p.add_argument("--gpu-speedup", type=float, default=30.0,
+                   help="assumed speed of a GPU over one core of the CPU the step times are "
+                        "for, for the GPU estimate (default 30)")  # fmt: skip
+    args = p.parse_intermixed_args(argv)
+    args.only = [tuple(o.split("=", 1)) for o in args.only]
+    if any(len(o) != 2 for o in args.only):
+        die("--only: expected AXIS=VALUE")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    hydra_ov, args.extra, args.passthrough = split_overrides(args.overrides)
+    try:
+        table = args.table_obj = tables.load_table(args.table)
+        table.setting(args.setting)
+        jobs, tuned, picks = plan(args, table)
+        if args.dry_run:
+            dry_run(args, table, jobs, tuned)
+            return 0
+        compose_all(jobs + tuned)  # every config valid before anything is written
+    except ConfigError as e:
+        die(str(e))
+    run_phase(
+        jobs, args, hydra_ov, "phase 1 (paper setting" + (" + tuning grid)" if args.tune else ")")
+    )
+    if args.tune:
+        _, tuned, picks = plan(args, table)
+        write_picks(args, picks)
+        run_phase(tuned, args, hydra_ov, "phase 2 (tuned picks)")
+    unfinished = [j for j in plan(args, table)[0] if not j.finished]
+    if unfinished:
+        say(f"{len(unfinished)} jobs unfinished, e.g. {unfinished[0].dir}")
+        return 1
+    return 0
+
+
+def cli() -> None:
+    """The console command (pyproject.toml's [project.scripts])."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()
