@@ -328,6 +328,11 @@ def _model_options(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     name = model.pop("name", None)
     _require(name in MODELS, "model.name", f"unknown model; choose from {sorted(MODELS)}", name)
+    if name == "custom":  # a user's class: its keywords are checked when it is built
+        target = model.get("_target_")
+        ok = isinstance(target, str) and "." in target
+        _require(ok, "model._target_", "name the model class, as package.module.Class", target)
+        return name, model
     for key in model:
         options = MODEL_OPTIONS[name]
         if key not in options:

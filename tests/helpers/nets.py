@@ -27,3 +27,25 @@ class TinyNet(nn.Module):
 
     def forward(self, x):
         return self.head(torch.relu(self.body(x.flatten(1))))
+
+
+class GNConvNet(nn.Module):
+    """A user's model for ``model=custom`` (tests/integration/test_custom_model.py): conv,
+    GroupNorm, pooled head; built from ``in_shape`` / ``num_classes`` and a keyword."""
+
+    def __init__(self, in_shape, num_classes, width=4):
+        super().__init__()
+        self.conv = nn.Conv2d(in_shape[0], width, 3, padding=1)
+        self.norm = nn.GroupNorm(2, width)
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.norm(self.conv(x))).mean((2, 3)))
+
+
+class BNConvNet(GNConvNet):
+    """:class:`GNConvNet` with BatchNorm: refused for private training."""
+
+    def __init__(self, in_shape, num_classes, width=4):
+        super().__init__(in_shape, num_classes, width)
+        self.norm = nn.BatchNorm2d(width)

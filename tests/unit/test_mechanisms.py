@@ -339,7 +339,7 @@ def test_models_with_batchnorm_are_refused_for_private_training():
     bn = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(10))
     with pytest.raises(ValueError, match="BatchNorm"):
         check_private_model(bn)
-    for name in MODELS:  # every shipped model passes
+    for name in set(MODELS) - {"custom"}:  # every shipped model passes
         check_private_model(
             build_model(
                 name, (3, 32, 32), 10, **({"depth": 10, "width": 1} if name == "wrn" else {})

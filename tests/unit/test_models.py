@@ -39,7 +39,15 @@ def test_registry_names():
         "linear",
         "scatter_cnn",
         "mlp",
+        "custom",
     }
+
+
+def test_a_custom_class_gets_in_shape_and_num_classes_only_when_it_names_them():
+    net = build_model("custom", MNIST, 7, _target_="helpers.nets.GNConvNet", width=2)
+    assert net(torch.randn(2, *MNIST)).shape == (2, 7) and net.conv.out_channels == 2
+    tiny = build_model("custom", MNIST, 7, _target_="helpers.nets.TinyNet", d=28 * 28, c=5)
+    assert tiny(torch.randn(2, *MNIST)).shape == (2, 5)  # TinyNet(d, h, c): its own keys only
 
 
 @pytest.mark.parametrize("in_shape", [MNIST, CIFAR], ids=["mnist", "cifar"])

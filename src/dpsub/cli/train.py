@@ -57,9 +57,9 @@ def plan_line(cfg: DictConfig) -> str:
     steps = f"{t.epochs} epochs of batch {t.batch_size}"
     steps += f", at most {t.max_steps} steps" if t.max_steps is not None else ""
     aux = "" if cfg.aux.name == "none" else f", aux {cfg.aux.name}"
+    model = cfg.model.get("_target_") or cfg.model.name  # model=custom: the class
     return (
-        f"plan: {cfg.mechanism.name} on {cfg.dataset.name} with {cfg.model.name}{aux} | "
-        f"{budget} | {steps}"
+        f"plan: {cfg.mechanism.name} on {cfg.dataset.name} with {model}{aux} | {budget} | {steps}"
     )
 
 

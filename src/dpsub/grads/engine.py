@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from dpsub.choices import BACKENDS
+from dpsub.errors import ConfigError
 from dpsub.grads.clip import ClippedAccumulator, ClipStats
 from dpsub.grads.layout import ParamLayout
 from dpsub.grads.loss import LossFn, correct, cross_entropy, per_example
@@ -432,18 +433,32 @@ class GradEngine:
         return total / n.clamp_min(1.0), stats
 
 
-def check_private_model(model: nn.Module) -> None:
-    """Refuse models through which private data reaches the output unclipped.
+def check_private_model(
+    model: nn.Module, backend: str = "vmap", say: Callable[[str], None] = lambda _: None
+) -> None:
+    """Refuse models through which private data reaches the output unclipped (a
+    :class:`~dpsub.errors.ConfigError` naming the module and what to use instead).
 
     BatchNorm mixes examples in a batch and its running statistics are updated from
     private data outside any clipping, so neither per-example clipping nor the
-    accountant covers them. Use GroupNorm (every dpsub model does).
+    accountant covers them. Use GroupNorm (every dpsub model does). With
+    ``backend="ghost"``, modules that own trainable parameters but have no ghost rule
+    (Linear, Conv2d, GroupNorm, LayerNorm have one) are ``say``-ed: their per-example
+    gradients are materialized by ``vmap`` (exact, slower).
     """
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) or getattr(
             module, "track_running_stats", False
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"model: module {name!r} ({type(module).__name__}) keeps statistics of private "
-                "batches outside clipping; private training needs GroupNorm/LayerNorm instead"
+                "batches outside clipping; use GroupNorm (or LayerNorm) instead"
+            )
+    if backend == "ghost":
+        from dpsub.grads.ghost import fallback_layers
+
+        if others := fallback_layers(model):
+            say(
+                f"grads.backend=ghost: no ghost rule for {', '.join(others)}; their "
+                "per-example gradients are materialized by vmap (exact, slower)"
             )

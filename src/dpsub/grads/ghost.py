@@ -74,7 +74,15 @@ from dpsub.grads.clip import clip_factors
 from dpsub.grads.layout import ParamLayout
 from dpsub.grads.loss import LossFn, correct, cross_entropy, per_example
 
-__all__ = ["RULES", "GhostClipper", "GhostError", "GhostResult", "LayerRule", "register_rule"]
+__all__ = [
+    "RULES",
+    "GhostClipper",
+    "GhostError",
+    "GhostResult",
+    "LayerRule",
+    "fallback_layers",
+    "register_rule",
+]
 
 STRATEGIES = ("auto", "ghost", "materialize")
 # On the CPU, per-example convolution gradients are computed for as many examples at a time
@@ -163,6 +171,16 @@ def _layers(model: nn.Module) -> list[_Layer]:
     for lay in layers:
         lay.shared = any(owners[id(p)] > 1 for p in lay.params.values())
     return layers
+
+
+def fallback_layers(model: nn.Module) -> list[str]:
+    """The modules owning trainable parameters that no rule covers, as ``'name' (Type)``:
+    their per-example gradients are materialized by ``vmap`` of ``vjp`` (exact, slower)."""
+    return [
+        f"{lay.name!r} ({type(lay.module).__name__})"
+        for lay in _layers(model)
+        if lay.rule is FALLBACK
+    ]
 
 
 # -------------------------------------------------------------------- recording

@@ -20,6 +20,9 @@ Registry (``MODELS``), each entry called as ``ctor(in_shape, num_classes, **kwar
   ScatterNet features.  kwargs: ``channels`` (64).
 * ``"mlp"`` -- :class:`~dpsub.models.linear.MLP`, one hidden ReLU layer (frozen features).
   kwargs: ``hidden`` (256).
+* ``"custom"`` -- :func:`~dpsub.models.custom.build_custom`, a user's ``nn.Module`` class
+  named by ``_target_`` (``model=custom model._target_=my_pkg.MyNet``); every other kwarg
+  is the class's.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ MODELS: dict[str, str] = {
     "linear": "dpsub.models.linear:Linear",
     "scatter_cnn": "dpsub.models.linear:ScatterCNN",
     "mlp": "dpsub.models.linear:MLP",
+    "custom": "dpsub.models.custom:build_custom",
 }
 
 #: name -> the keyword options its constructor takes (besides in_shape and num_classes),
@@ -58,6 +62,7 @@ MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
     "linear": (),
     "scatter_cnn": ("channels",),
     "mlp": ("hidden",),
+    "custom": ("_target_",),  # and any keyword its class takes (dpsub.models.custom)
 }
 
 

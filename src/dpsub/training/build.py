@@ -219,6 +219,8 @@ def build_run(
     say(f"setup: building {s.model_name}, {s.mechanism_name} and the optimizer")
     try:
         model = build_model(s.model_name, data.in_shape, data.num_classes, **s.model)
+    except ConfigError:  # a custom model's _target_, named already
+        raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model: {e}") from None
     model = model.to(device)
@@ -229,7 +231,7 @@ def build_run(
     engine.amp = torch.bfloat16 if s.train.amp == "bf16" else None
     mechanism = build_mechanism(s.mechanism_name, s.mechanism)
     if mechanism.private:
-        check_private_model(model)
+        check_private_model(model, s.grads.backend, say)
     try:
         mechanism.setup(engine, aux)
     except ValueError as e:
