@@ -206,6 +206,8 @@ def _describe_missing(
         return f"{key}: no such key or config group" + (
             f"; closest: {', '.join(near)}" if near else ""
         )
+    if parent == "model" and node.get("name") == "custom":  # the class's keywords: new keys
+        return f"{key}: model=custom passes its class's keywords as new keys: write +{key}=..."
     is_group = parent in groups
     where = f"{parent}={node.get(NAME_KEYS.get(parent, 'name'), '?')}" if is_group else parent
     near = closest(part, siblings) or [s for s in siblings if s.startswith(part)][:3]

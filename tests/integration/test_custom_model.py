@@ -51,6 +51,11 @@ def test_a_bad_target_is_one_line_naming_the_key(tmp_path, target, needle):
     one_line_error(proc, "model._target_", needle)
 
 
+def test_a_keyword_without_plus_says_to_add_it(tmp_path):
+    proc = fails(tmp_path, *STEPS, *CUSTOM[:2], "model.width=4")
+    one_line_error(proc, "model.width", "+model.width=")
+
+
 def test_ghost_says_which_modules_have_no_rule_and_fall_back():
     import torch
     from torch import nn
