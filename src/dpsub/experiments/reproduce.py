@@ -138,9 +138,15 @@ def compose_all(jobs: list[tables.Job]) -> dict[Path, DictConfig]:
     return out
 
 
-def finished_runs(root: Path) -> list[tuple[Path, dict]]:
-    """(run dir, saved config) of every finished run under ``root`` (not through symlinks)."""
-    return [(r.path, r.config_dict()) for r in runs.find_runs(root, follow_links=False)]
+def finished_runs(*roots: Path) -> list[tuple[Path, dict]]:
+    """(run dir, its saved config made portable and flattened) of every finished run under
+    ``roots`` (each once; not through symlinks): what a new job may reuse."""
+    from dpsub.training.checkpoint import flatten_config
+
+    found = {
+        r.path.resolve(): r for root in roots for r in runs.find_runs(root, follow_links=False)
+    }
+    return [(r.path, flatten_config(portable(r.config_dict()))) for r in found.values()]
 
 
 def portable(cfg: dict) -> dict:
@@ -157,7 +163,7 @@ def status(job: tables.Job, cfg: DictConfig, done: list[tuple[Path, dict]]) -> s
     """done | stale:<keys> | reuse:<dir> | resume | todo. A finished run whose config is no
     longer the job's (a tuned pick that moved when its grid was extended, an edited table) is
     ``stale``: it is set aside and run again, never counted as the job's."""
-    from dpsub.training.checkpoint import changed_keys
+    from dpsub.training.checkpoint import changed_flat_keys, changed_keys, flatten_config
 
     new = portable(OmegaConf.to_container(cfg, resolve=True))
     if job.finished:
@@ -166,8 +172,9 @@ def status(job: tables.Job, cfg: DictConfig, done: list[tuple[Path, dict]]) -> s
     if runs.RunDir(job.dir).started:  # a checkpoint, or stopped before one: from step 0
         return "resume"
     if not job.dir.exists():
+        flat = flatten_config(new)
         for d, saved in done:
-            if d != job.dir and not changed_keys(portable(saved), new):
+            if d != job.dir and not changed_flat_keys(saved, flat):
                 return f"reuse:{d}"
     return "todo"
 
@@ -214,7 +221,7 @@ def dry_run(args, table, jobs, tuned) -> None:
         waiting = [j for j in only(args, every) if j.dir not in picked]
     all_jobs = jobs + tuned + waiting
     cfgs = compose_all(all_jobs)
-    done = finished_runs(args.out) + finished_runs(COMMITTED)
+    done = finished_runs(args.out, COMMITTED)
     states = {j.dir: status(j, cfgs[j.dir], done) for j in jobs + tuned}
     states.update({j.dir: "after tuning" for j in waiting})
     setting = table.setting(args.setting)
@@ -304,7 +311,7 @@ def hydra_main() -> None:
 
 def run_phase(jobs, args, hydra_ov, label: str) -> None:
     cfgs = compose_all(jobs)
-    done = finished_runs(args.out) + finished_runs(COMMITTED)
+    done = finished_runs(args.out, COMMITTED)
     states = {j.dir: status(j, cfgs[j.dir], done) for j in jobs}
     base = tables.setting_dir(args.out, args.table_obj, args.setting, args.extra)
     set_aside_stale(jobs, states, base)

@@ -156,7 +156,16 @@ def changed_keys(saved: dict, new: dict) -> list[str]:
     """Keys whose values differ between two resolved configs and that a resume may not change
     (a key missing on one side equals null/false/"none" on the other: added later, left off,
     like ``features.name: none`` in a run made before the features group existed)."""
-    a, b = _flatten(saved), _flatten(new)
+    return changed_flat_keys(flatten_config(saved), flatten_config(new))
+
+
+def flatten_config(cfg: dict) -> dict[str, Any]:
+    """``{"a.b": value}`` of a nested config (what :func:`changed_flat_keys` compares)."""
+    return _flatten(cfg)
+
+
+def changed_flat_keys(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """:func:`changed_keys` of two configs flattened once (comparing one against many)."""
     return sorted(
         k
         for k in set(a) | set(b)
