@@ -159,6 +159,10 @@ def portable(cfg: dict) -> dict:
     return {**cfg, "aux": aux}
 
 
+#: keys every resolved config holds and a reused run must share (a resume may change none)
+_REUSE_KEYS = ("seed", "mechanism.name", "privacy.epsilon", "model.name")
+
+
 def status(job: tables.Job, cfg: DictConfig, done: list[tuple[Path, dict]]) -> str:
     """done | stale:<keys> | reuse:<dir> | resume | todo. A finished run whose config is no
     longer the job's (a tuned pick that moved when its grid was extended, an edited table) is
@@ -173,8 +177,11 @@ def status(job: tables.Job, cfg: DictConfig, done: list[tuple[Path, dict]]) -> s
         return "resume"
     if not job.dir.exists():
         flat = flatten_config(new)
+        same = [flat.get(k) for k in _REUSE_KEYS]  # a quick filter before the full comparison
         for d, saved in done:
-            if d != job.dir and not changed_flat_keys(saved, flat):
+            if [saved.get(k) for k in _REUSE_KEYS] != same or d == job.dir:
+                continue
+            if not changed_flat_keys(saved, flat):
                 return f"reuse:{d}"
     return "todo"
 
