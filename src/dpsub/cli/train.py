@@ -83,14 +83,14 @@ def train_run(cfg: DictConfig, run_dir: Path, resume: bool = False) -> float:
 
     from dpsub.config import check_environment, validate
 
-    validate(cfg)  # before torch is imported: bad values fail in well under a second
+    settings = validate(cfg)  # before torch is imported: bad values fail in well under a second
     check_environment(cfg)  # data files, W&B key (torch-free), then the device
     if os.environ.get("RANK", "0") == "0":  # the plan first: torch takes seconds to import
         logging.getLogger("dpsub").info("%s -> %s", plan_line(cfg), run_dir)
         logging.getLogger("dpsub").info("setup: importing torch")  # seconds: never silent
     from dpsub.training.loop import train
 
-    return train(cfg, run_dir, resume=resume).test_accuracy
+    return train(settings, run_dir, resume=resume).test_accuracy  # validated once
 
 
 def run(cfg: DictConfig, run_dir: Path, resume: bool = False) -> float:

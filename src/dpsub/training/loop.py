@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
-from dpsub.config import validate
+from dpsub.config import Settings, validate
 from dpsub.errors import ConfigError, ResumeError
 from dpsub.models import count_parameters
 from dpsub.privacy import epsilon_for
@@ -327,13 +327,15 @@ class _NoLogger:
     def close(self) -> None: ...
 
 
-def train(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> RunResult:
+def train(cfg: DictConfig | Settings, run_dir: str | Path, resume: bool = False) -> RunResult:
     """Run (or, with ``resume``, continue) one experiment; everything goes to ``run_dir``.
 
-    Under torchrun every rank calls this; rank 0 owns the run dir, the logs and the
-    checkpoints (training/distributed.py).
+    ``cfg``: the composed config, or its Settings when the caller validated it already (the
+    command line does: a run validates its config once). Under torchrun every rank calls
+    this; rank 0 owns the run dir, the logs and the checkpoints (training/distributed.py).
     """
     settings = validate(cfg)
+    cfg = settings.cfg
     dist = init_distributed(settings.device)
     run_dir = Path(dist.broadcast_object(str(run_dir)))  # rank 0's (its clock names it)
     if not dist.main:
