@@ -37,6 +37,13 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "loss-reduced-over-the-batch-accepted",
+        "src/dpsub/grads/loss.py",
+        "    if loss.shape != (outputs.shape[0],):",
+        "    if False:",
+        ("tests/unit/test_loss_fn.py", "-k", "batch_reduced"),
+    ),
+    Mutant(
         "api-releases-any-batch",
         "src/dpsub/api/private.py",
         "if drawn is None or x is not drawn[1] or y is not drawn[2]:",
