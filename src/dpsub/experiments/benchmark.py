@@ -500,6 +500,8 @@ def markdown(records: list[dict], env: dict) -> str:
         f"- date: {env['date']}" + (f"; git {env['git']}" if env.get("git") else ""),
         f"- command: `{env['command']}`",
         f"- timing: {env['timing']}; memory: {env['memory_method']}, extra = peak minus memory held before the step",
+        f"- machine load (1/5/15-min loadavg): {env.get('loadavg_start', 'n/a')} at start, "
+        f"{env.get('loadavg_end', 'n/a')} at end",
         "",
     ]  # fmt: skip
     for model in dict.fromkeys(r["model"] for r in records):
@@ -508,18 +510,19 @@ def markdown(records: list[dict], env: dict) -> str:
         lines += [
             f"## {model} ({r0.get('params', 0):,} params, input {'x'.join(map(str, r0['in_shape']))}), "
             f"batch {r0['batch_size']}, microbatch {r0['microbatch']}, {r0['statistic']} of {r0['steps']} "
-            f"interleaved steps after {r0['warmup']} warmup", "",
-            "| mechanism | backend | options | ms/step | time vs nonprivate | peak extra MiB | memory vs nonprivate |",
-            "|---|---|---|---:|---:|---:|---:|",
+            f"interleaved rounds after {r0['warmup']} warmup", "",
+            "| mechanism | backend | options | ms/step | IQR ms | rounds | time vs nonprivate | peak extra MiB | memory vs nonprivate |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|",
         ]  # fmt: skip
         for r in rows:
             opts = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or "-"
             if r["status"] != "ok":
                 err = str(r["error"]).replace("|", "\\|").replace("\n", " ")[:160]
-                lines.append(f"| {r['mechanism']} | {r['backend']} | {opts} | error: {err} | | | |")
+                lines.append(f"| {r['mechanism']} | {r['backend']} | {opts} | error: {err} | | | | | |")
                 continue
             lines.append(
                 f"| {r['mechanism']} | {r['backend']} | {opts} | {_fmt(r['time_ms'], '.1f')} "
+                f"| {_fmt(r.get('q1_ms'), '.1f')}-{_fmt(r.get('q3_ms'), '.1f')} | {len(r.get('step_ms', []))} "
                 f"| {_fmt(r['time_ratio'], '.2f', 'x')} | {_fmt(r['peak_extra_mib'], '.1f')} "
                 f"| {_fmt(r['mem_ratio'], '.2f', 'x')} |"
             )

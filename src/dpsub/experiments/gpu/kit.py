@@ -56,12 +56,12 @@ BENCHES = {
     "resnet20_b1000": [
         "--models", "resnet20", "--batch-size", "1000", "--aux-size", "2000",
         "--mechanisms", "nonprivate", "dpsgd", "gep", "bgep", "--backends", "vmap", "ghost",
-        "--set", "num_bases=1000", "--steps", "5", "--warmup", "2",
+        "--set", "num_bases=1000", "--steps", "20", "--warmup", "2",
     ],
     "wrn28_4_b1000_rgp": [
         "--models", "wrn28_4", "--batch-size", "1000", "--microbatch", "250",
         "--mechanisms", "nonprivate", "rgp", "--backends", "vmap", "ghost",
-        "--backends-for", "rgp", "--steps", "5", "--warmup", "2",
+        "--backends-for", "rgp", "--steps", "20", "--warmup", "2",
     ],
 }  # fmt: skip
 TINY_BENCHES = {
