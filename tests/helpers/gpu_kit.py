@@ -12,12 +12,14 @@ SHARED = REPO.parent / "shared"
 
 
 def planned_carry(tmp_path: Path, real_data: bool = True) -> list[tuple[str, int]]:
-    """What a GPU command carries: the tree, the wheels, one cell's checkpoint and (with
-    ``real_data``; packing takes half a minute) the staging of the aux set and CIFAR-10."""
-    tree = stage.carry_list(REPO, carried=())
+    """What a GPU command carries, measured as the device measures it (a tar): the tree after
+    ``gpu_run.py --slim``, the wheels, one cell's checkpoint and (with ``real_data``; packing
+    takes half a minute) the staging of the aux set and CIFAR-10."""
+    tree = stage.carry_list(REPO, carried=(), slimmed=True)
     items = [(str(p), n) for p, n in tree]
     if (SHARED / "device" / "wheels").is_dir():
-        items += [(str(w), w.stat().st_size) for w in (SHARED / "device/wheels").glob("*.whl")]
+        wheels = (SHARED / "device/wheels").glob("*.whl")
+        items += [(str(w), stage.travel_bytes(w.stat().st_size)) for w in wheels]
     if real_data and (SHARED / "device" / "wheels").is_dir():
         packed = tmp_path / stage.PACKED_AUX
         items.append(

@@ -146,16 +146,36 @@ def test_checkpoint_moves_cuda_to_cpu_and_back():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compares CUDA with the CPU")
 @pytest.mark.parametrize("mech", ["dpsgd", "gep", "bgep", "rgp", "dphero"])
 def test_noise_records_and_epsilon_equal_cpu(mech):
+    """The charged noise does not depend on the device. DP-Hero's does after its first step:
+    its noise shape comes from the weights, which carry the earlier noise, and CUDA and the CPU
+    draw different streams (the first GPU session, 2026-11-26, saw 0.258 against 0.236 at step
+    3). So DP-Hero compares its first step, whose weights are the shared initialization."""
+    n, tol = (1, 1e-9) if mech == "dphero" else (3, 1e-12)
     runs = [build_run(cfg_for(mech, "vmap", torch.device(d))) for d in ("cuda", "cpu")]
     recs = []
     for run in runs:
-        steps(run, 3)
+        steps(run, n)
         recs.append([(r.name, r.sensitivity, float(r.std)) for r in run.privatizer.records])
     (gpu, cpu) = recs
     assert [r[:2] for r in gpu] == [r[:2] for r in cpu]
     for rg, rc in zip(gpu, cpu, strict=True):
         assert math.isclose(rg[2], rc[2], rel_tol=1e-5)
-    assert math.isclose(runs[0].ledger.epsilon(), runs[1].ledger.epsilon(), rel_tol=1e-12)
+    assert math.isclose(runs[0].ledger.epsilon(), runs[1].ledger.epsilon(), rel_tol=tol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_checkpoint_on_disk_resumes_on_cuda(tmp_path):
+    """A checkpoint read back with map_location=cuda (the trainer's resume) restores the exact
+    streams: the state tensors go back to the host for set_state."""
+    cuda = torch.device("cuda")
+    a = build_run(cfg_for("dpsgd", "vmap", cuda))
+    steps(a, 2)
+    torch.save(run_state(a), tmp_path / "ckpt.pt")
+    ahead = torch.randn(4, generator=a.generators["noise"], device=cuda)
+    b = build_run(cfg_for("dpsgd", "vmap", cuda))
+    _move(b, torch.load(tmp_path / "ckpt.pt", map_location=cuda, weights_only=False), clean=False)
+    assert b.step == 2
+    torch.testing.assert_close(torch.randn(4, generator=b.generators["noise"], device=cuda), ahead)
 
 
 def test_bf16_amp_keeps_privacy_sums_float32(device):

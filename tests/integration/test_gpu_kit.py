@@ -59,6 +59,27 @@ def test_carry_list_fits_64_mib(tmp_path):
     assert ignored.returncode == 0, ".gpu/ must be git-ignored, or the staging travels twice"
 
 
+def test_slim_sets_aside_committed_results_and_harvest_brings_them_back(tmp_path):
+    git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
+    for f in ("results/tables/t/summary.json", "results/pdpsgd/a.json", "src/x.py"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("x" * 700)
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    full = stage.carry_bytes(tmp_path, carried=())
+    assert full == 3 * (512 + 1024)  # a tar: a header and the content padded to 512
+    assert stage.carry_bytes(tmp_path, carried=(), slimmed=True) == 2 * (512 + 1024)
+    assert stage.slim(tmp_path) == ["results/pdpsgd"]
+    assert not (tmp_path / "results/pdpsgd").exists() and (tmp_path / "results/tables/t").is_dir()
+    assert stage.carry_bytes(tmp_path, carried=()) == 2 * (512 + 1024)
+    assert stage.unslim(tmp_path) == ["results/pdpsgd"]
+    assert (tmp_path / "results/pdpsgd/a.json").read_text() == "x" * 700
+    (tmp_path / "results/pdpsgd/a.json").write_text("changed")
+    with pytest.raises(stage.StageError, match="uncommitted"):
+        stage.slim(tmp_path)
+
+
 def fake_jpegs(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
     header = b"\xff\xd8HEADER" * 10
     files = [header + rng.bytes(int(rng.integers(5, 40))) + b"\xff\xd9" for _ in range(n)]
@@ -142,6 +163,34 @@ def test_seeded_streams_change_device_only_from_a_clean_checkpoint():
     restore_rng(gens, foreign, clean=True, reseed="0:6")
     assert not torch.equal(a, torch.randn(3, generator=gens["noise"]))  # fresh per step
     assert restore_rng(gens, state) is False  # same device: the exact streams
+
+
+class _OnDevice:
+    """A saved RNG state as ``torch.load(map_location="cuda")`` returns it: not a host tensor;
+    ``Generator.set_state`` refuses it ("RNG state must be a torch.ByteTensor", as the first
+    GPU session's resumed cell failed)."""
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+
+    def cpu(self) -> torch.Tensor:
+        return self.t
+
+    def numel(self) -> int:
+        return self.t.numel()
+
+
+def test_streams_restore_from_a_checkpoint_loaded_onto_the_device():
+    gens = {"noise": torch.Generator().manual_seed(2)}
+    state = rng_state(gens)
+    a = torch.randn(3, generator=gens["noise"])
+    moved = {
+        **state,
+        "noise": _OnDevice(state["noise"]),
+        "torch_cpu": _OnDevice(state["torch_cpu"]),
+    }
+    assert restore_rng(gens, moved) is False
+    assert torch.equal(a, torch.randn(3, generator=gens["noise"]))  # the exact stream again
 
 
 def test_queue_runs_gep_in_its_own_regime_first_then_the_short_campaigns(tmp_path):

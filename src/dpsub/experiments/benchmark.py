@@ -518,7 +518,9 @@ def markdown(records: list[dict], env: dict) -> str:
             opts = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or "-"
             if r["status"] != "ok":
                 err = str(r["error"]).replace("|", "\\|").replace("\n", " ")[:160]
-                lines.append(f"| {r['mechanism']} | {r['backend']} | {opts} | error: {err} | | | | | |")
+                lines.append(
+                    f"| {r['mechanism']} | {r['backend']} | {opts} | error: {err} | | | | | |"
+                )
                 continue
             lines.append(
                 f"| {r['mechanism']} | {r['backend']} | {opts} | {_fmt(r['time_ms'], '.1f')} "

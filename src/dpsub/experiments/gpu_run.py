@@ -4,8 +4,9 @@ Here (the development machine)::
 
     python scripts/gpu_run.py --stage              # fill .gpu/ (wheels, CIFAR-10, anchors) from ../shared
     python scripts/gpu_run.py --carry              # what would travel, and its size (<= 64 MiB)
+    python scripts/gpu_run.py --slim               # set aside results/ folders a GPU call never reads
     python scripts/gpu_run.py --tiny --out /tmp/o  # every step on the CPU at toy sizes
-    python scripts/gpu_run.py --harvest DIR        # unpack a GPU command's $OUT into results/
+    python scripts/gpu_run.py --harvest DIR        # unpack a GPU command's $OUT into results/ (and unslim)
 
 On the GPU machine (the checkout sent with ``.gpu`` carried)::
 
@@ -49,6 +50,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stage", action="store_true", help="fill .gpu/ from the shared folder")
     p.add_argument("--shared", type=Path, default=None, help="shared folder (default ../shared)")
     p.add_argument("--carry", action="store_true", help="print what would travel and its size")
+    p.add_argument(
+        "--slim",
+        action="store_true",
+        help="delete the committed results/ folders a GPU call never reads (all but tables)",
+    )
+    p.add_argument("--unslim", action="store_true", help="bring them back (git checkout)")
     p.add_argument("--harvest", type=Path, default=None, metavar="DIR", help="unpack $OUT's files")
     return p.parse_args(argv)
 
@@ -59,13 +66,26 @@ def main(argv: list[str] | None = None) -> int:
         if a.stage:
             for s in stage.stage(a.root, a.shared):
                 print(f"staged {s.path.relative_to(a.root)} ({s.bytes / stage.MiB:.1f} MiB)")
-        if a.stage or a.carry:
+        if a.slim or a.unslim:
+            moved = stage.slim(a.root) if a.slim else stage.unslim(a.root)
+            print(("set aside: " if a.slim else "brought back: ") + (", ".join(moved) or "nothing"))
+        if a.stage or a.carry or a.slim:
             total = stage.carry_bytes(a.root)
-            print(f"would travel: {total / stage.MiB:.1f} MiB of {stage.CARRY_LIMIT // stage.MiB}")
+            print(f"would travel: {total / stage.MiB:.1f} MiB of {stage.CARRY_LIMIT // stage.MiB}"
+                  " (as a tar: 512 bytes a file beside its content)")  # fmt: skip
+            if total > stage.CARRY_LIMIT and not a.slim:
+                lean = stage.carry_bytes(a.root, slimmed=True) / stage.MiB
+                print(f"too much: python scripts/gpu_run.py --slim first ({lean:.1f} MiB then; "
+                      "--harvest brings the folders back)")  # fmt: skip
             return 0 if total <= stage.CARRY_LIMIT else 1
+        if a.unslim:
+            return 0
         if a.harvest:
             from dpsub.experiments.gpu.harvest import harvest
 
+            back = stage.unslim(a.root)
+            if back:
+                print(f"brought back: {', '.join(back)}")
             for line in harvest(a.harvest, a.root):
                 print(line)
             return 0

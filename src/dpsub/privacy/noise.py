@@ -140,7 +140,7 @@ class SeededNoise:
         return {"state": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["state"])
+        self.generator.set_state(state["state"].cpu())  # a checkpoint loaded onto a GPU
 
 
 class SecureNoise:

@@ -233,7 +233,8 @@ def restore_rng(
     for name, g in generators.items():
         was = _saved_device(g, name, state)
         if was == g.device.type:
-            g.set_state(state[name])
+            # torch.load(map_location=cuda) moved the state there; set_state takes a host tensor
+            g.set_state(state[name].cpu())
             continue
         if not clean:
             raise ResumeError(
@@ -245,9 +246,9 @@ def restore_rng(
         digest = hashlib.sha256(f"{reseed}:{name}:{g.device.type}".encode()).digest()
         g.manual_seed(int.from_bytes(digest[:8], "little") >> 1)
         moved = True
-    torch.set_rng_state(state["torch_cpu"])
+    torch.set_rng_state(state["torch_cpu"].cpu())
     if torch.cuda.is_available() and "torch_cuda" in state:
-        torch.cuda.set_rng_state_all(state["torch_cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["torch_cuda"]])
     return moved
 
 

@@ -32,6 +32,8 @@ import numpy as np
 MiB = 2**20
 #: what one device call may carry (tracked + untracked-not-ignored + carried paths)
 CARRY_LIMIT = 64 * MiB
+TAR_BLOCK = 512
+SLIM_KEEP = ("tables",)  # the results/ folders a GPU command reads
 #: one command's wall-clock limit on the device machine
 COMMAND_LIMIT_S = 600
 #: files that come back from $OUT: count, size of each, folder depth
@@ -60,18 +62,64 @@ def git_files(root: Path) -> list[Path]:
     return [root / p for p in dict.fromkeys(out.decode().split("\0")) if p]
 
 
-def carry_list(root: Path, carried: tuple[str, ...] = (GPU_DIR,)) -> list[tuple[Path, int]]:
-    """(file, bytes) of everything one device call would send: the tree plus ``carried``."""
-    files = [p for p in git_files(root) if p.is_file()]
+def travel_bytes(n: int) -> int:
+    """What one file of ``n`` bytes costs in the device's 64 MiB, measured as a tar archive:
+    a 512-byte header and the content padded to 512. The first GPU session (2026-11-26) was
+    refused a tree of 8,500 files whose plain sizes summed to 59.6 MiB: as a tar it was 68."""
+    return TAR_BLOCK + -(-n // TAR_BLOCK) * TAR_BLOCK
+
+
+def carry_list(
+    root: Path, carried: tuple[str, ...] = (GPU_DIR,), slimmed: bool = False
+) -> list[tuple[Path, int]]:
+    """(file, travel bytes) of everything one device call would send: the tree plus ``carried``
+    (``slimmed``: without the folders :func:`slim` sets aside)."""
+    files = [p for p in git_files(root) if p.is_file() and not (slimmed and _slimmed(root, p))]
     for c in carried:
         base = root / c
         if base.is_dir():
             files += sorted(p for p in base.rglob("*") if p.is_file())
-    return [(p, p.stat().st_size) for p in dict.fromkeys(files)]
+    return [(p, travel_bytes(p.stat().st_size)) for p in dict.fromkeys(files)]
 
 
-def carry_bytes(root: Path, carried: tuple[str, ...] = (GPU_DIR,)) -> int:
-    return sum(n for _, n in carry_list(root, carried))
+def _slimmed(root: Path, p: Path) -> bool:
+    parts = p.relative_to(root).parts
+    return len(parts) > 2 and parts[0] == "results" and parts[1] not in SLIM_KEEP
+
+
+def slim(root: Path) -> list[str]:
+    """Set aside (delete from the working tree) the tracked folders of ``results/`` that a GPU
+    command never reads: all but ``results/tables`` (its finished cells are skipped). They are
+    committed, so :func:`unslim` (``git checkout``) brings them back. Refuses a folder with
+    uncommitted changes. Returns the folders removed."""
+    removed = []
+    for d in sorted((root / "results").iterdir()):
+        if not d.is_dir() or d.name in SLIM_KEEP:
+            continue
+        rel = str(d.relative_to(root))
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", rel], cwd=root,
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        if dirty.strip():
+            raise StageError(f"--slim: {rel} has uncommitted changes; commit them first")
+        tracked = subprocess.run(["git", "ls-files", "--", rel], cwd=root,
+                                 capture_output=True, text=True, check=True).stdout  # fmt: skip
+        if tracked.strip():
+            shutil.rmtree(d)
+            removed.append(rel)
+    return removed
+
+
+def unslim(root: Path) -> list[str]:
+    """Bring back the committed ``results/`` folders that :func:`slim` set aside."""
+    gone = subprocess.run(["git", "ls-files", "--deleted", "--", "results"], cwd=root,
+                          capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    if gone:
+        subprocess.run(["git", "checkout", "--", *gone], cwd=root, check=True)
+    return sorted({"/".join(g.split("/")[:2]) for g in gone})
+
+
+def carry_bytes(root: Path, carried: tuple[str, ...] = (GPU_DIR,), slimmed: bool = False) -> int:
+    return sum(n for _, n in carry_list(root, carried, slimmed))
 
 
 # --------------------------------------------------------------- CIFAR-10 pack
