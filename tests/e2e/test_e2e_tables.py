@@ -171,7 +171,7 @@ def test_dry_run_without_time_measures_nothing_and_says_why_a_cost_is_missing(tm
     assert f"runs go to {tmp_path / 'out' / 'tiny'}" in out and "make_table.py tiny" in out
     rows = [line for line in out.splitlines() if line.startswith("| paper |")]
     assert len(rows) == 4 and all(r.endswith("? [1] | ? |") for r in rows)
-    assert "NO GPU MEASURED" in out and "--gpu-speedup" in out
+    assert "GPU column: an estimate" in out and "--gpu-speedup" in out
     reason = next(line for line in out.splitlines() if line.startswith("[1] "))
     if dataset == "mnist":  # absent, but its published size gives N and so the steps
         assert "mnist not found under data.root: N from its published size (60000" in out

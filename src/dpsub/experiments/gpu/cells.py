@@ -2,8 +2,9 @@
 
 A campaign is a paper table in one setting (``conf/paper/<table>.yaml``), optionally tuned:
 its tuning grid first (extended at its edges as the table says), then the picks at every
-seed. The queue (:data:`CAMPAIGNS`, in :data:`DEFAULT_ORDER`): GEP Table 1's CIFAR-10 row
-noise-matched to its paper cell (``sim-eps2``, tuned; issue 37), De et al. 2022's DP-SGD
+seed. The queue (:data:`CAMPAIGNS`, in :data:`DEFAULT_ORDER`): GEP's stage-0 scaling check,
+GEP Table 1's CIFAR-10 row noise-matched to its paper cell (``sim-eps2``, tuned; issue 37)
+and its attribution runs, De et al. 2022's DP-SGD
 recipe (``de2022-cifar10``: augmult, EMA, WS; issue 42), GEP Table 1 in the paper setting,
 then GEP Tables 5 and 6 in their ``reduced`` setting, the RGP head study of issue 27
 (``rgp-head-cifar10``, tuned), the cadence study (``gep-cadence``, tuned), and GEP Table 1's
@@ -73,7 +74,11 @@ class Campaign:
 #: noise-matched table, then the paper's exact batch 1,000, which checks the scaling rule at
 #: full length: issue 37), then the short campaigns
 CAMPAIGNS = {
+    # GEP's stage-0 scaling check first: it decides whether its sim-eps2 cells may stay at
+    # B = 128 (about 30 s a step on a CPU core, a few GPU-minutes for all of it)
+    "gep1-cifar10-stage0": Campaign("gep1-cifar10", "stage0"),
     "gep1-cifar10-sim-eps2": Campaign("gep1-cifar10", "sim-eps2", tune=True),
+    "gep1-cifar10-attribution": Campaign("gep1-cifar10", "attribution"),
     "de2022": Campaign("de2022-cifar10", "paper"),  # the DP-SGD recipe (issue 42)
     "gep1-cifar10-paper": Campaign("gep1-cifar10", "paper"),
     "gep5-aux": Campaign("gep5-aux", "reduced"),
