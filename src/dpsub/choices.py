@@ -15,8 +15,6 @@ ACCOUNTANTS = ("rdp", "prv")
 RNGS = ("seeded", "secure")
 #: ``Mechanism.accounting``: :mod:`dpsub.privacy.run_account`.
 POLICIES = ("planned", "measured", "nominal")
-#: ``dataset.name``: one loader each in :data:`dpsub.data.datasets.LOADERS`.
-DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar10_subset", "svhn", "synthetic")
 #: ``features.name``: frozen feature extractors (:mod:`dpsub.features.extractors`).
 FEATURES = (
     "none", "scatternet", "cifar100_resnet", "torchscript",

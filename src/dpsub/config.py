@@ -17,7 +17,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dpsub.choices import ACCOUNTANTS, BACKENDS, DATASETS, RNGS, SAMPLINGS
+from dpsub.choices import ACCOUNTANTS, BACKENDS, RNGS, SAMPLINGS
+from dpsub.data.registry import REGISTRY
 from dpsub.declare import check_declared, opt
 from dpsub.errors import ConfigError
 from dpsub.overrides import compose, config_context  # Hydra composition, one place
@@ -42,13 +43,18 @@ class DataSchema:
 
 @dataclass
 class DatasetSchema:
-    name: str = opt("digits", choices=DATASETS)
+    name: str = opt("digits", choices=tuple(REGISTRY))
     train_size: int | None = opt(None, ge=1)
     balanced: bool = True
     image_size: int | None = opt(None, ge=1)
     use_extra: bool = False
     synthetic: dict[str, Any] | None = None
     validation_size: int | None = opt(None, ge=1)
+    # your own data (dataset=npz / imagefolder; docs/usage.md "Your own data")
+    path: str | None = None  # the .npz file, or the folder holding train/ and test/
+    num_classes: int | None = opt(None, ge=2)  # npz: else its 'classes' array gives them
+    mean: list[float] | None = None  # per channel; null: 0.5 (pixels [0, 1] -> [-1, 1])
+    std: list[float] | None = None  # constants you choose, never statistics of the data
 
 
 @dataclass
@@ -302,7 +308,16 @@ def validate(cfg: DictConfig | Settings, usable: bool = True) -> Settings:
 
 def _check_combinations(typed: dict[str, DictConfig]) -> None:
     """What one key's declaration cannot say."""
-    t, g, o = typed["train"], typed["grads"], typed["optim"]
+    t, g, o, d = typed["train"], typed["grads"], typed["optim"], typed["dataset"]
+    user = REGISTRY[d.name].user_path is not None
+    for key in ("path", "num_classes", "mean", "std"):
+        _require(user or d[key] is None, f"dataset.{key}",
+                 f"is for your own data (dataset=npz or imagefolder), not dataset={d.name}",
+                 d[key])  # fmt: skip
+    _require((d.mean is None) == (d.std is None), "dataset.mean",
+             "set dataset.mean and dataset.std together (one constant per channel each)",
+             d.mean)  # fmt: skip
+    _require(d.std is None or all(v > 0 for v in d.std), "dataset.std", "must be > 0", d.std)
     _require(
         t.amp is None or g.backend == "vmap",
         "train.amp",

@@ -254,7 +254,9 @@ def test_each_enumeration_has_its_implementations():
 
     assert tuple(ACCOUNTANT_CLASSES) == choices.ACCOUNTANTS
     assert tuple(BACKEND_CLASSES) == choices.BACKENDS
-    assert set(LOADERS) == set(choices.DATASETS)
+    from dpsub.data.registry import REGISTRY
+
+    assert set(LOADERS) == set(REGISTRY)
     for kind in choices.SAMPLINGS:
         assert build_sampler(kind, 10, 2, lambda n: None) is not None
 

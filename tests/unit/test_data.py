@@ -17,7 +17,7 @@ import torchvision
 
 from dpsub.data import LOADERS, DatasetBundle, DatasetNotFoundError, load_dataset
 from dpsub.data.datasets import _subset_indices
-from dpsub.data.names import PUBLISHED_SIZES, published_train_size
+from dpsub.data.registry import REGISTRY, published_train_size
 from dpsub.data.subsets import NotEnoughExamples, balanced_pick
 from dpsub.errors import DataError
 
@@ -149,7 +149,7 @@ def test_mnist() -> None:
     root = _require("MNIST", "raw")
     d = load_dataset("mnist", root=root)
     assert d.train_x.shape == (60000, 1, 28, 28) and d.test_x.shape == (10000, 1, 28, 28)
-    assert PUBLISHED_SIZES["mnist"] == (len(d.train_y), len(d.test_y))
+    assert REGISTRY["mnist"].published == (len(d.train_y), len(d.test_y))
     assert torch.bincount(d.train_y)[0].item() == 5923
     assert torch.bincount(d.test_y)[1].item() == 1135
     assert d.mean == (0.1307,) and d.std == (0.3081,)
@@ -163,7 +163,7 @@ def test_fashion_mnist() -> None:
     root = _require("FashionMNIST", "raw")
     d = load_dataset("fashion_mnist", root=root)
     assert d.train_x.shape == (60000, 1, 28, 28) and d.test_x.shape == (10000, 1, 28, 28)
-    assert PUBLISHED_SIZES["fashion_mnist"] == (len(d.train_y), len(d.test_y))
+    assert REGISTRY["fashion_mnist"].published == (len(d.train_y), len(d.test_y))
     assert torch.bincount(d.train_y).tolist() == [6000] * 10
     assert torch.bincount(d.test_y).tolist() == [1000] * 10
     assert d.classes is not None and d.classes[0] == "T-shirt/top"

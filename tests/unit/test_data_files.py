@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from dpsub.data import DatasetNotFoundError, load_dataset
 from dpsub.data.aux import CIFAR100_FOLDER
-from dpsub.data.files import CIFAR100_TRAIN, DATASET_FILES, SVHN_FILES, check_files
+from dpsub.data.files import CIFAR100_TRAIN, check_files
+from dpsub.data.registry import REGISTRY
 from dpsub.errors import DataError
 
 from conftest import SHARED, needs_shared
@@ -28,15 +29,17 @@ def cfg(root: Path, dataset: str, aux: dict | None = None, features=None, **extr
 
 def test_file_names_are_torchvision_s():
     tv = torchvision.datasets
-    assert DATASET_FILES["mnist"] == ("MNIST/raw", tuple(f for f, _ in tv.MNIST.resources))
+    files = {n: (s.folder, s.files) for n, s in REGISTRY.items()}
+    assert files["mnist"] == ("MNIST/raw", tuple(f for f, _ in tv.MNIST.resources))
     fashion = tuple(f for f, _ in tv.FashionMNIST.resources)
-    assert DATASET_FILES["fashion_mnist"] == ("FashionMNIST/raw", fashion)
+    assert files["fashion_mnist"] == ("FashionMNIST/raw", fashion)
     cifar = [f for f, _ in tv.CIFAR10.train_list + tv.CIFAR10.test_list]
-    assert DATASET_FILES["cifar10"] == (
+    assert files["cifar10"] == (
         tv.CIFAR10.base_folder,
         (*cifar, tv.CIFAR10.meta["filename"]),
     )
-    assert SVHN_FILES == {s: v[1] for s, v in tv.SVHN.split_list.items()}
+    svhn = REGISTRY["svhn"]
+    assert (*svhn.files, *svhn.extra_files) == tuple(v[1] for v in tv.SVHN.split_list.values())
     assert CIFAR100_TRAIN == f"{CIFAR100_FOLDER}/train"
 
 
@@ -61,11 +64,11 @@ def test_no_check_without_files_or_with_download(tmp_path):
 def test_extracted_idx_files_and_svhn_layouts(tmp_path):
     raw = tmp_path / "MNIST" / "raw"
     raw.mkdir(parents=True)
-    for f in DATASET_FILES["mnist"][1]:
+    for f in REGISTRY["mnist"].files:
         (raw / f.removesuffix(".gz")).touch()  # extracted copies count
     check_files(cfg(tmp_path, "mnist"))
-    for split in ("train", "test"):
-        (tmp_path / SVHN_FILES[split]).touch()  # torchvision's layout: directly in root
+    for f in REGISTRY["svhn"].files:
+        (tmp_path / f).touch()  # torchvision's layout: directly in root
     check_files(cfg(tmp_path, "svhn"))
     with pytest.raises(DatasetNotFoundError, match="extra_32x32.mat"):
         check_files(cfg(tmp_path, "svhn", use_extra=True))

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-#: datasets whose labels survive a horizontal flip (natural images, not digits)
-FLIP_DATASETS = ("cifar10", "cifar10_subset")
+from dpsub.data.registry import REGISTRY
 
 
 def view_padding(height: int) -> int:
@@ -69,4 +68,4 @@ def build_augmult(k: int, dataset: str, in_shape, generator: torch.Generator) ->
     """The run's augmentation (None for ``k == 1``: no views). ``in_shape``: (C, H, W)."""
     if k == 1:
         return None
-    return Augmult(int(k), view_padding(int(in_shape[1])), dataset in FLIP_DATASETS, generator)
+    return Augmult(int(k), view_padding(int(in_shape[1])), REGISTRY[dataset].flip, generator)

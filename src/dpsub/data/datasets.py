@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from dpsub.data.files import FIX_HINT
+from dpsub.data.raw import _Raw
 from dpsub.data.readers import (
     REDOWNLOAD,
     bad_file,
@@ -48,7 +49,9 @@ from dpsub.data.readers import (
     read_svhn_mat,
     unpickle,
 )
+from dpsub.data.registry import REGISTRY, spec
 from dpsub.data.subsets import NotEnoughExamples, balanced_pick, random_pick
+from dpsub.data.user import _load_imagefolder, _load_npz  # noqa: F401 (LOADERS, by name)
 from dpsub.errors import DatasetNotFoundError
 
 __all__ = [
@@ -107,21 +110,6 @@ class DatasetBundle:
             f"{self.name}: train {len(self.train_y)}, {self.eval_split} {len(self.test_y)}, "
             f"shape {c}x{h}x{w}, {self.num_classes} classes"
         )
-
-
-@dataclass
-class _Raw:
-    """What a loader returns: unnormalized images, uint8 or float."""
-
-    train_x: torch.Tensor  # (N, C, H, W) uint8 in [0, 255], or float
-    train_y: torch.Tensor
-    test_x: torch.Tensor
-    test_y: torch.Tensor
-    classes: list[str] | None
-    num_classes: int
-    mean: tuple[float, ...]  # per-channel normalization: constants, not data statistics
-    std: tuple[float, ...]
-    default_size: int | None = None  # resize to this when image_size is not given
 
 
 @contextlib.contextmanager
@@ -426,15 +414,8 @@ def _mixture_stats(patterns: torch.Tensor, noise: float) -> tuple[tuple[float, .
     return tuple(per_channel.mean(dim=1).tolist()), tuple(var.sqrt().tolist())
 
 
-LOADERS: dict[str, Callable[..., _Raw]] = {  # one per name in dpsub.data.names.DATASETS
-    "digits": _load_digits,
-    "mnist": _load_mnist,
-    "fashion_mnist": _load_fashion_mnist,
-    "cifar10": _load_cifar10,
-    "cifar10_subset": _load_cifar10_subset,
-    "svhn": _load_svhn,
-    "synthetic": _load_synthetic,
-}
+#: one loader per entry of the dataset registry, by the name the entry gives
+LOADERS: dict[str, Callable[..., _Raw]] = {n: globals()[s.loader] for n, s in REGISTRY.items()}
 
 
 # ------------------------------------------------------------------ shared steps
@@ -493,6 +474,7 @@ def load_dataset(
     image_size: int | None = None,
     use_extra: bool = False,
     synthetic: dict | None = None,
+    user: dict | None = None,
 ) -> DatasetBundle:
     """Load dataset ``name`` from ``root`` as a normalized, CPU :class:`DatasetBundle`.
 
@@ -508,13 +490,16 @@ def load_dataset(
         use_extra: svhn only, append the 'extra' split to the training set.
         synthetic: options of the synthetic dataset (n_train, n_test, channels,
             size, num_classes, seed, noise).
+        user: npz / imagefolder (your own data): path, num_classes, mean, std
+            (:mod:`dpsub.data.user`).
     """
-    if name not in LOADERS:
-        raise ValueError(f"Unknown dataset.name={name!r}; valid names: {', '.join(LOADERS)}")
+    spec(name)  # an unknown name: ValueError naming the valid ones
     if use_extra and name != "svhn":
         raise ValueError(f"dataset.use_extra=true is only supported for svhn, not {name!r}")
     root = Path(root).expanduser()
-    raw = LOADERS[name](root, download, use_extra=use_extra, synthetic=synthetic)
+    raw = LOADERS[name](
+        root, download, use_extra=use_extra, synthetic=synthetic, user=user, image_size=image_size
+    )
     size = image_size if image_size is not None else raw.default_size
 
     train_x, train_y, mean, std = raw.train_x, raw.train_y.long(), raw.mean, raw.std

@@ -14,26 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from dpsub.data.aux_options import NATURAL_DEFAULT_FILE
+from dpsub.data.registry import REGISTRY
 from dpsub.errors import DataError, DatasetNotFoundError
 
-__all__ = ["CIFAR100_TRAIN", "DATASET_FILES", "FIX_HINT", "check_files", "missing_dataset_files"]
+__all__ = ["CIFAR100_TRAIN", "FIX_HINT", "check_files", "missing_dataset_files"]
 
-_IDX = (
-    "train-images-idx3-ubyte.gz",
-    "train-labels-idx1-ubyte.gz",
-    "t10k-images-idx3-ubyte.gz",
-    "t10k-labels-idx1-ubyte.gz",
-)
-_CIFAR10 = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
-
-#: dataset -> (its folder under data.root, the files it reads there); svhn: below.
-DATASET_FILES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "mnist": ("MNIST/raw", _IDX),
-    "fashion_mnist": ("FashionMNIST/raw", _IDX),
-    "cifar10": ("cifar-10-batches-py", _CIFAR10),
-    "cifar10_subset": ("cifar10_subset", ("cifar10_prefix_subset.npz",)),
-}
-SVHN_FILES = {"train": "train_32x32.mat", "test": "test_32x32.mat", "extra": "extra_32x32.mat"}
 CIFAR100_TRAIN = "cifar-100-python/train"  # aux.name=cifar100, under data.root
 
 FIX_HINT = (
@@ -48,25 +33,40 @@ def _present(directory: Path, name: str) -> bool:
 
 
 def missing_dataset_files(name: str, root: Path, use_extra: bool = False) -> tuple[Path, list]:
-    """(folder, missing files) of dataset ``name`` under ``root``; no files: ``[]``."""
-    if name == "svhn":
-        files = [SVHN_FILES[s] for s in ("train", "test", *(["extra"] if use_extra else []))]
-        folder = root / "svhn"
-        if not (folder / files[0]).is_file() and (root / files[0]).is_file():
-            folder = root  # torchvision's own layout
-        return folder, [f for f in files if not (folder / f).is_file()]
-    if name not in DATASET_FILES:
-        return root, []  # digits, synthetic: no files
-    sub, files = DATASET_FILES[name]
-    folder = root / sub
+    """(folder, missing files) of dataset ``name`` under ``root`` (the registry's files);
+    no files to read there (digits, synthetic, the user's own data): ``[]``."""
+    spec = REGISTRY[name]
+    files = [*spec.files, *(spec.extra_files if use_extra else ())]
+    if spec.folder is None or not files:
+        return root, []
+    folder = root / spec.folder
+    if name == "svhn" and not (folder / files[0]).is_file() and (root / files[0]).is_file():
+        folder = root  # torchvision's own layout: the .mat files directly in data.root
     return folder, [f for f in files if not _present(folder, f)]
+
+
+def _check_user_path(d: Any) -> None:
+    """dataset.path of a dataset that reads the user's own data: set, and there."""
+    kind = REGISTRY[d.name].user_path
+    path = d.get("path")
+    if path is None:
+        raise DatasetNotFoundError(
+            f"dataset.path: dataset={d.name} reads your own data and needs dataset.path "
+            f"(a {kind}: {REGISTRY[d.name].doc}; docs/usage.md 'Your own data')"
+        )
+    p = Path(str(path)).expanduser()
+    if not (p.is_file() if kind == "file" else (p / "train").is_dir()):
+        what = "is not a file" if kind == "file" else "has no train/ folder"
+        raise DatasetNotFoundError(f"dataset.path: {p} {what} (dataset={d.name})")
 
 
 def check_files(cfg: Any) -> None:
     """DatasetNotFoundError naming what is missing, for the dataset and the aux source."""
     root = Path(str(cfg.data.root)).expanduser()
     d = cfg.dataset
-    if not cfg.data.download:
+    if REGISTRY[d.name].user_path:
+        _check_user_path(d)
+    elif not cfg.data.download:
         folder, lost = missing_dataset_files(d.name, root, bool(d.get("use_extra", False)))
         if lost:
             raise DatasetNotFoundError(

@@ -8,7 +8,7 @@ machine -> timing key -> seconds), from those committed with the repository
 setting recorded. :func:`time_step` measures one with the trainer's own ``build_run`` /
 ``train_step`` on synthetic data of the same shape. N is the private training set after
 the auxiliary and validation carve-outs; where the data is absent, the official release's
-size stands in (:func:`dpsub.data.names.published_train_size`).
+size stands in (:func:`dpsub.data.registry.published_train_size`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dpsub import rundir as runs
-from dpsub.data.names import published_train_size
+from dpsub.data.registry import published_train_size
 from dpsub.errors import DataError
 from dpsub.paths import committed_step_times, wheel_install
 

@@ -37,6 +37,23 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "user-data-normalized-by-its-own-statistics",
+        "src/dpsub/data/user.py",
+        '    mean, std = _norm(user.get("mean"), user.get("std"), tr_x.shape[1])\n'
+        "    return _Raw(tr_x, tr_y, te_x, te_y, classes, int(k), mean, std)",
+        "    mean = tuple(tr_x.float().div(255).mean(dim=(0, 2, 3)).tolist())\n"
+        "    std = tuple(tr_x.float().div(255).std(dim=(0, 2, 3)).tolist())\n"
+        "    return _Raw(tr_x, tr_y, te_x, te_y, classes, int(k), mean, std)",
+        ("tests/unit/test_user_data.py", "-k", "not_statistics"),
+    ),
+    Mutant(
+        "user-data-classes-from-the-labels",
+        "src/dpsub/data/user.py",
+        '    k = user.get("num_classes")\n',
+        '    k = int(max(a["y_train"].max(), a["y_test"].max())) + 1\n',
+        ("tests/unit/test_user_data.py", "-k", "not_statistics"),
+    ),
+    Mutant(
         "loss-reduced-over-the-batch-accepted",
         "src/dpsub/grads/loss.py",
         "    if loss.shape != (outputs.shape[0],):",

@@ -21,7 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpsub.data.names import published_train_size
+from dpsub.data.registry import published_train_size
 from dpsub.experiments import stats
 from dpsub.paths import project_root
 from dpsub.rundir import MIA, VALIDATION, RunDir, find_runs

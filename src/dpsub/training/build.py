@@ -151,6 +151,13 @@ def _load_images(cfg: Settings | DictConfig) -> DatasetBundle:
         image_size=d.image_size,
         use_extra=d.use_extra,
         synthetic=OmegaConf.to_container(d.synthetic) if d.synthetic else None,
+        user={
+            "path": d.path,
+            "num_classes": d.num_classes,
+            "mean": d.mean,
+            "std": d.std,
+            "validation_size": d.validation_size,
+        },  # fmt: skip
     )
 
 
