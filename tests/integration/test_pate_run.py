@@ -28,6 +28,10 @@ def _cfg(*extra):
     return compose([*TINY, *extra], config_name="dpsub_pate")
 
 
+#: where accuracy is not asserted: teachers and student of a few epochs (seconds, not tens)
+QUICK = ("pate.teacher.epochs=2", "pate.student.epochs=2")
+
+
 def test_vmapped_teachers_equal_teachers_trained_alone():
     """A teacher's weights depend only on its own partition and index (not its chunk)."""
     torch.manual_seed(0)
@@ -136,7 +140,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, arg, key):
 def test_data_dependent_epsilon_only_on_request_and_then_not_covered(tmp_path):
     """The 2018 data-dependent epsilon is computed from the unnoised votes: reporting it
     releases a private statistic, so the run is then not covered by its epsilon."""
-    summary = run_pate(_cfg("pate.data_dependent=true"), tmp_path / "dd")
+    summary = run_pate(_cfg("pate.data_dependent=true", *QUICK), tmp_path / "dd")
     assert summary["covered_by_epsilon"] is False
     assert 0 < summary["epsilon_data_dependent"] <= summary["epsilon"] + 1e-9
     assert "data-dependent epsilon" in (tmp_path / "dd" / "train.log").read_text()
@@ -152,7 +156,7 @@ def test_validation_split_tunes_without_the_test_set(tmp_path, monkeypatch):
     monkeypatch.setattr(
         trainer, "evaluate", lambda m, x, y, b: seen.append(len(y)) or real(m, x, y, b)
     )
-    summary = run_pate(_cfg("dataset.validation_size=200"), tmp_path / "tune")
+    summary = run_pate(_cfg("dataset.validation_size=200", *QUICK), tmp_path / "tune")
     assert "validation_accuracy" in summary and "test_accuracy" not in summary
     assert set(summary["not_covered_statistics"]) == {"validation_accuracy", "validation_loss"}
     assert seen == [200]  # evaluated once, on the 200 held-out training examples

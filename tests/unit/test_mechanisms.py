@@ -238,7 +238,7 @@ def test_gep_noisy_releases_average_to_the_mean_gradient_bgep_does_not():
     target = G.mean(0)
     S = 1.05 * G.norm(dim=1).max().item()  # thresholds above every norm: no clipping
     mech.opts.clip_embedding = mech.opts.clip_residual = S
-    T = 400
+    T = 200  # the averaged noise norm concentrates: 200 releases leave 1/14 of one
     mean = torch.stack([mech.step(x, y, ctx(seed=s, z=z)).grad for s in range(T)]).mean(0)
     s1, s2 = mech.noise_stds(z)
     p, k = target.numel(), mech.opts.num_bases
