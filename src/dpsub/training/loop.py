@@ -373,22 +373,9 @@ def train(cfg: DictConfig | Settings, run_dir: str | Path, resume: bool = False)
     return result
 
 
-def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    s = run.settings
-    private = s.privacy.private_diagnostics
-    main = run.dist.main
-    _uncovered_by_config(run, private)
-    if run.secure and main:
-        run.on_release.append(lambda r: r.ledger.save(run_dir / LEDGER_NAME, sync=True))
-    logger = (
-        RunLogger(run_dir, resolved, s.logger, cfg.run_name, resume_step=run.step)
-        if main
-        else _NoLogger()
-    )
-    for k, v in _header(run, logger).items():
-        log.info("%-16s %s", k, v)
-    if s.privacy.sampling == "shuffle" and run.mechanism.private:
+def _warn_not_covered(run: Run, private: bool) -> None:
+    """The warnings of a run whose outputs its epsilon does not (fully) cover."""
+    if run.settings.privacy.sampling == "shuffle" and run.mechanism.private:
         log.warning(
             "privacy.sampling=shuffle: the reported epsilon assumes Poisson sampling; this "
             "run's outputs are NOT covered by it"
@@ -411,26 +398,83 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
             "epsilon, which is NOT a privacy guarantee; the honest epsilon is logged beside it"
         )
 
-    start, seconds_before = time.perf_counter(), run.run_seconds
 
-    def tick() -> None:  # the loop's wall time, summed over the run's processes
-        run.run_seconds = seconds_before + time.perf_counter() - start
+class _Saver:
+    """The loop's wall time (summed over a run's processes) and its checkpoints."""
 
-    def checkpoint(clean: bool = False) -> None:  # clean: no step runs after it (stop, end)
-        if not main:
+    def __init__(self, run: Run, run_dir: Path, resolved: dict):
+        self.run, self.run_dir, self.resolved = run, run_dir, resolved
+        self.start, self.seconds_before = time.perf_counter(), run.run_seconds
+
+    def tick(self) -> None:
+        self.run.run_seconds = self.seconds_before + time.perf_counter() - self.start
+
+    def __call__(self, clean: bool = False) -> None:  # clean: no step runs after it (stop, end)
+        run = self.run
+        if not run.dist.main:
             return
         state = {**run_state(run), "clean": clean}
         save_checkpoint(
-            run_dir, {"state": state, "config": resolved, "data_fingerprint": run.fingerprint}
+            self.run_dir,
+            {"state": state, "config": self.resolved, "data_fingerprint": run.fingerprint},
         )
         if run.ledger is not None and not run.secure:
-            run.ledger.save(run_dir / LEDGER_NAME)
+            run.ledger.save(self.run_dir / LEDGER_NAME)
 
-    t = s.train
-    stopped_by_budget = False
-    acc = loss = None
-    shown = _resumed_accuracy(run_dir, run.step, run.data.eval_split) if run.step else None
-    window, mech_private = Window(), {}
+
+@dataclass
+class _Shown:
+    """What the loop has logged since its last log line, and its latest evaluation."""
+
+    window: Window
+    mech_private: dict
+    acc: float | None = None
+    loss: float | None = None
+    resumed: float | None = None  # the accuracy a resumed run showed last
+
+    @property
+    def accuracy(self) -> float | None:
+        return self.acc if self.acc is not None else self.resumed
+
+
+def _after_step(run: Run, out: StepOutcome, shown: _Shown, logger, progress, private) -> None:
+    """Log lines, evaluations and the progress bar after one step."""
+    t = run.settings.train
+    shown.window.add(out)
+    shown.mech_private.update(out.result.private_metrics)
+    step, last = run.step, run.step == run.total_steps
+    if t.log_every and (step % t.log_every == 0 or last):
+        metrics = log_metrics(run, out, shown.window, shown.mech_private, private)
+        logger.log(metrics, step)
+        progress.log(step, metrics, shown.accuracy)
+        shown.window = Window()
+    if run.dist.main and ((t.eval_every and step % t.eval_every == 0) or last):
+        shown.acc, shown.loss, raw = evaluate_released(run, evaluate)
+        ev = {**eval_metrics(run, shown.acc, shown.loss), **raw, **epsilons(run, exact=True)}
+        logger.log(ev, step)
+        progress.evaluation(step, ev)
+    eps = epsilons(run, False).get("epsilon", math.inf)
+    progress.update(step, eps, shown.accuracy)
+
+
+def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    s, t = run.settings, run.settings.train
+    private, main = s.privacy.private_diagnostics, run.dist.main
+    _uncovered_by_config(run, private)
+    if run.secure and main:
+        run.on_release.append(lambda r: r.ledger.save(run_dir / LEDGER_NAME, sync=True))
+    logger = (
+        RunLogger(run_dir, resolved, s.logger, cfg.run_name, resume_step=run.step)
+        if main
+        else _NoLogger()
+    )
+    for k, v in _header(run, logger).items():
+        log.info("%-16s %s", k, v)
+    _warn_not_covered(run, private)
+    saver, stopped_by_budget = _Saver(run, run_dir, resolved), False
+    resumed = _resumed_accuracy(run_dir, run.step, run.data.eval_split) if run.step else None
+    shown = _Shown(Window(), {}, resumed=resumed)
     progress = Progress(
         run.total_steps, run.step, t.progress and main, run.data.eval_split, timing=not run.secure
     )
@@ -445,39 +489,22 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
                     stopped_by_budget = True
                     log.info("privacy budget spent after %d steps: stopping", run.step)
                     break
-                window.add(out)
-                mech_private.update(out.result.private_metrics)
-                step, last = run.step, run.step == run.total_steps
-                if t.log_every and (step % t.log_every == 0 or last):
-                    metrics = log_metrics(run, out, window, mech_private, private)
-                    logger.log(metrics, step)
-                    progress.log(step, metrics, acc if acc is not None else shown)
-                    window = Window()
-                if main and ((t.eval_every and step % t.eval_every == 0) or last):
-                    acc, loss, raw = evaluate_released(run, evaluate)
-                    ev = {**eval_metrics(run, acc, loss), **raw, **epsilons(run, exact=True)}
-                    logger.log(ev, step)
-                    progress.evaluation(step, ev)
-                eps = epsilons(run, False).get("epsilon", math.inf)
-                progress.update(step, eps, acc if acc is not None else shown)
-                if t.checkpoint_every and step % t.checkpoint_every == 0:
-                    tick()
-                    checkpoint()
+                _after_step(run, out, shown, logger, progress, private)
+                if t.checkpoint_every and run.step % t.checkpoint_every == 0:
+                    saver.tick()
+                    saver()
                 if _stop_requested(run, stop):
-                    tick()
-                    checkpoint(clean=True)
-                    log.warning(
-                        "signal %d: checkpoint saved at step %d; resume with resume=%s",
-                        stop.signum,
-                        step,
-                        run_dir,
-                    )
+                    saver.tick()
+                    saver(clean=True)
+                    log.warning("signal %d: checkpoint saved at step %d; resume with resume=%s",
+                                stop.signum, run.step, run_dir)  # fmt: skip
                     raise Interrupted(128 + stop.signum)
     finally:
         progress.close()
-    tick()
-    final_eval = (acc, loss) if run.step == run.total_steps and acc is not None else None
-    return _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval)
+    saver.tick()
+    done = run.step == run.total_steps and shown.acc is not None
+    final_eval = (shown.acc, shown.loss) if done else None
+    return _finish(run, run_dir, logger, saver, stopped_by_budget, final_eval)
 
 
 def _resumed_accuracy(run_dir: Path, step: int, split: str) -> float | None:
