@@ -72,7 +72,7 @@ def readme_problems(steps: int, standalone: bool, env: dict) -> list[str]:
 def refuse(why: str) -> int:
     """One line on stderr, exit code 2 (the caller writes nothing)."""
     print(f"bench: --for-readme refused: {why}; stop other work and run again"
-          if why.startswith("load") else f"bench: --for-readme refused: {why}",
+          if "per core" in why else f"bench: --for-readme refused: {why}",
           file=sys.stderr, flush=True)  # fmt: skip
     return 2
 
@@ -83,7 +83,8 @@ def child_argv(parser: argparse.ArgumentParser, args, model: str, row: int, out:
     argv = ["--models", model, "--only-row", str(row), "--out", str(out)]
     for action in parser._actions:
         value = getattr(args, action.dest, None)
-        if action.dest in PARENT_ONLY or not action.option_strings or value in (None, False):
+        unset = value is None or value is False  # (0 is a value: --warmup 0)
+        if unset or action.dest in PARENT_ONLY or not action.option_strings:
             continue
         flag = action.option_strings[-1]
         if value is True:
