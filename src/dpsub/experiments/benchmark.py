@@ -14,6 +14,9 @@ another made a 1.5x ratio read 2.1x on another day). Ratios are medians, or mean
 (``--statistic mean``: over a multiple of ``subspace_every`` steps, the amortized cost
 of a mechanism that refits its subspace every s steps). Pin the threads (``--threads
 1``) on a shared machine: two threads on two busy cores distort ratios (docs/speed.md).
+``--standalone`` also times every row alone in its own process (rows that share a process
+can slow each other); ``--for-readme`` refuses to write figures that break the README
+rule (:mod:`dpsub.experiments.bench.standalone`).
 
 Usage::
 
@@ -21,6 +24,8 @@ Usage::
     python scripts/bench.py --models resnet20 --mechanisms dpsgd --backends vmap opacus
     python scripts/bench.py --set num_bases=256 --aux-size 512 \\
         --out results/bench/x.json --markdown results/bench/x.md
+    python scripts/bench.py --models resnet20 --mechanisms dpsgd --backends ghost \\
+        --threads 1 --steps 20 --warmup 2 --standalone --for-readme --out ... --markdown ...
 
 ``--set KEY=VALUE`` sets ``mechanism.KEY`` for every mechanism declaring KEY, ``--set
 MECH.KEY=VALUE`` only for MECH; ``--variant MECH:KEY=VALUE,...`` adds one more row of
