@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from dpsub.experiments.bench import standalone as alone_lib
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "bench.py"
@@ -50,6 +53,9 @@ def test_cpu_run(bench, tmp_path, capsys):
         assert r["peak_extra_mib"] >= 0
     text = md.read_text()
     assert "| nonprivate |" in text and "| dpsgd |" in text and "| dpsgd |" in stdout
+    # too few rounds, no standalone timing: the page says plainly these are not README figures
+    assert "**not met** (--steps 2 < 20 rounds; no standalone timing" in text
+    assert "alone ms/step" not in text
 
 
 def test_overrides_and_error_rows(bench, tmp_path, capsys):
@@ -167,3 +173,91 @@ def test_variants_add_rows_with_their_own_options(bench, tmp_path):
     assert all(r["status"] == "ok" for r in recs)
     with pytest.raises(SystemExit, match="variant"):
         bench.parse_variant("dpsgd")
+
+
+#: a 1-minute load just above 1 per core (refused; exactly 1 per core passes)
+OVER = os.cpu_count() + 0.5
+
+
+@pytest.fixture()
+def load(monkeypatch):
+    """``load(start, end)``: the 1-minute load os.getloadavg gives first, then ever after."""
+
+    def set_load(start: float, end: float) -> None:
+        seen = []
+
+        def getloadavg():
+            seen.append(1)
+            return (start if len(seen) == 1 else end, 0.5, 0.5)
+
+        monkeypatch.setattr(os, "getloadavg", getloadavg)
+
+    return set_load
+
+
+def test_standalone_times_every_ok_row_alone_and_meets_the_readme_rule(
+    bench, tmp_path, monkeypatch, load
+):
+    """--standalone: each ok row (non-private too) once more in a child of its own, with the
+    parent's options and only that row; the page shows both timings side by side. The
+    children run in this process here (a subprocess spends seconds importing torch)."""
+    children = []
+    monkeypatch.setattr(
+        alone_lib, "run_child", lambda argv: children.append(argv) or bench.main(argv)
+    )
+    load(os.cpu_count(), os.cpu_count())  # 1 per core: allowed
+    out, md = tmp_path / "s.json", tmp_path / "s.md"
+    argv = [
+        "--models", "mnist_cnn", "--mechanisms", "nosuch", "dpsgd", "--batch-size", "4",
+        "--steps", "20", "--warmup", "0", "--memory-steps", "0", "--device", "cpu",
+        "--threads", "1", "--set", "clip=0.5", "--standalone", "--for-readme",
+        "--out", str(out), "--markdown", str(md),
+    ]  # fmt: skip
+    assert bench.main(argv) == 0
+    recs = json.loads(out.read_text())
+    assert [r["status"] for r in recs] == ["ok", "error", "ok"]
+    assert [c[c.index("--only-row") + 1] for c in children] == ["0", "2"]  # not the error row
+    for c in children:
+        assert {"--batch-size", "--steps", "--warmup", "--threads", "--set"} <= set(c)
+        assert c[c.index("--steps") + 1] == "20" and c[c.index("--set") + 1] == "clip=0.5"
+        assert not {"--standalone", "--for-readme", "--markdown"} & set(c)
+    base, err, dpsgd = recs
+    for r in (base, dpsgd):
+        assert r["standalone_rounds"] == 20 and r["standalone_error"] is None
+        assert r["standalone_q1_ms"] <= r["standalone_median_ms"] <= r["standalone_q3_ms"]
+        assert r["standalone_ratio"] == pytest.approx(r["standalone_ms"] / base["standalone_ms"])
+    assert base["standalone_ratio"] == 1.0 and err["standalone_ms"] is None
+    text = md.read_text()
+    assert "| alone ms/step | alone IQR ms | alone rounds | alone vs nonprivate alone |" in text
+    assert f"| {dpsgd['standalone_ratio']:.2f}x |" in text and "(the figure that counts)" in text
+    assert "README rule: " in text and text.split("README rule: ")[1].split("\n")[0].endswith(
+        ": met"
+    )
+
+
+@pytest.mark.parametrize(
+    "steps, standalone, start, end, why",
+    [
+        (3, True, 0.0, 0.0, "--steps 3 < 20 rounds"),
+        (20, False, 0.0, 0.0, "no standalone timing (--standalone)"),
+        (20, True, OVER, 0.0, "load {over:g} at start on {cores} cores (> 1 per core); stop other work"),
+        (20, True, 0.0, OVER, "load {over:g} at end on {cores} cores (> 1 per core); stop other work"),
+    ],
+)  # fmt: skip
+def test_for_readme_refuses_and_writes_nothing(
+    bench, tmp_path, monkeypatch, capsys, load, steps, standalone, start, end, why
+):
+    """Too few rounds, no standalone timing, a load above 1 per core at start (checked before
+    any benchmarking) or at end: one line naming the reason, exit 2, no file."""
+    ran = []
+    monkeypatch.setattr(bench, "run_models", lambda parser, args: ran.append(1) or [])
+    load(start, end)
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    argv = ["--models", "mnist_cnn", "--steps", str(steps), "--device", "cpu", "--for-readme",
+            *(["--standalone"] if standalone else []), "--out", str(out), "--markdown", str(md)]  # fmt: skip
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"bench: --for-readme refused: {why.format(over=OVER, cores=os.cpu_count())}" + (
+        " and run again" if "load" in why else "")]  # fmt: skip
+    assert ran == ([1] if end else [])  # nothing benchmarked when the start already fails
+    assert not out.exists() and not md.exists()

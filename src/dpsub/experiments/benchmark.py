@@ -14,6 +14,9 @@ another made a 1.5x ratio read 2.1x on another day). Ratios are medians, or mean
 (``--statistic mean``: over a multiple of ``subspace_every`` steps, the amortized cost
 of a mechanism that refits its subspace every s steps). Pin the threads (``--threads
 1``) on a shared machine: two threads on two busy cores distort ratios (docs/speed.md).
+``--standalone`` also times every row alone in its own process (rows that share a process
+can slow each other); ``--for-readme`` refuses to write figures that break the README
+rule (:mod:`dpsub.experiments.bench.standalone`).
 
 Usage::
 
@@ -21,6 +24,8 @@ Usage::
     python scripts/bench.py --models resnet20 --mechanisms dpsgd --backends vmap opacus
     python scripts/bench.py --set num_bases=256 --aux-size 512 \\
         --out results/bench/x.json --markdown results/bench/x.md
+    python scripts/bench.py --models resnet20 --mechanisms dpsgd --backends ghost \\
+        --threads 1 --steps 20 --warmup 2 --standalone --for-readme --out ... --markdown ...
 
 ``--set KEY=VALUE`` sets ``mechanism.KEY`` for every mechanism declaring KEY, ``--set
 MECH.KEY=VALUE`` only for MECH; ``--variant MECH:KEY=VALUE,...`` adds one more row of
@@ -66,6 +71,7 @@ from omegaconf import OmegaConf
 
 from dpsub.config import validate
 from dpsub.experiments.bench import peers as peer_lib
+from dpsub.experiments.bench import standalone as alone_lib
 from dpsub.grads import BACKENDS
 from dpsub.mechanisms.options import SPECS
 from dpsub.models import count_parameters
@@ -502,34 +508,63 @@ def markdown(records: list[dict], env: dict) -> str:
         f"- timing: {env['timing']}; memory: {env['memory_method']}, extra = peak minus memory held before the step",
         f"- machine load (1/5/15-min loadavg): {env.get('loadavg_start', 'n/a')} at start, "
         f"{env.get('loadavg_end', 'n/a')} at end",
-        "",
+        *rule_lines(env), "",
     ]  # fmt: skip
     for model in dict.fromkeys(r["model"] for r in records):
-        rows = [r for r in records if r["model"] == model]
-        r0 = next((r for r in rows if "params" in r), rows[0])
-        lines += [
-            f"## {model} ({r0.get('params', 0):,} params, input {'x'.join(map(str, r0['in_shape']))}), "
-            f"batch {r0['batch_size']}, microbatch {r0['microbatch']}, {r0['statistic']} of {r0['steps']} "
-            f"interleaved rounds after {r0['warmup']} warmup", "",
-            "| mechanism | backend | options | ms/step | IQR ms | rounds | time vs nonprivate | peak extra MiB | memory vs nonprivate |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|",
-        ]  # fmt: skip
-        for r in rows:
-            opts = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or "-"
-            if r["status"] != "ok":
-                err = str(r["error"]).replace("|", "\\|").replace("\n", " ")[:160]
-                lines.append(
-                    f"| {r['mechanism']} | {r['backend']} | {opts} | error: {err} | | | | | |"
-                )
-                continue
-            lines.append(
-                f"| {r['mechanism']} | {r['backend']} | {opts} | {_fmt(r['time_ms'], '.1f')} "
-                f"| {_fmt(r.get('q1_ms'), '.1f')}-{_fmt(r.get('q3_ms'), '.1f')} | {len(r.get('step_ms', []))} "
-                f"| {_fmt(r['time_ratio'], '.2f', 'x')} | {_fmt(r['peak_extra_mib'], '.1f')} "
-                f"| {_fmt(r['mem_ratio'], '.2f', 'x')} |"
-            )
-        lines.append("")
+        lines += model_table([r for r in records if r["model"] == model])
     return "\n".join(lines)
+
+
+def rule_lines(env: dict) -> list[str]:
+    """Which figures count for a README, and whether this run's meet the rule."""
+    problems = env.get("readme_problems")
+    if problems is None:  # a page written before the rule
+        return []
+    verdict = (
+        "met"
+        if not problems
+        else ("**not met** (" + "; ".join(problems) + "): do not quote these figures in the README")
+    )
+    return [f"- README rule: {alone_lib.RULE}: {verdict}"]
+
+
+def model_table(rows: list[dict]) -> list[str]:
+    """One model's heading and table (interleaved, and standalone beside it when timed)."""
+    r0 = next((r for r in rows if "params" in r), rows[0])
+    alone = any("standalone_ms" in r for r in rows)
+    cols = "| mechanism | backend | options | ms/step | IQR ms | rounds | time vs nonprivate "
+    cols += "| alone ms/step | alone IQR ms | alone rounds | alone vs nonprivate alone " * alone
+    cols += "| peak extra MiB | memory vs nonprivate |"
+    return [
+        f"## {r0['model']} ({r0.get('params', 0):,} params, input {'x'.join(map(str, r0['in_shape']))}), "
+        f"batch {r0['batch_size']}, microbatch {r0['microbatch']}, {r0['statistic']} of {r0['steps']} "
+        f"interleaved rounds after {r0['warmup']} warmup"
+        + ("; `alone`: each row in its own process (the figure that counts)" if alone else ""), "",
+        cols, "|---|---|---|" + "---:|" * (cols.count("|") - 4),
+        *(table_row(r, alone) for r in rows), "",
+    ]  # fmt: skip
+
+
+def table_row(r: dict, alone: bool) -> str:
+    opts = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or "-"
+    head = f"| {r['mechanism']} | {r['backend']} | {opts} "
+    if r["status"] != "ok":
+        err = str(r["error"]).replace("|", "\\|").replace("\n", " ")[:160]
+        return head + f"| error: {err} " + "| " * (5 + 4 * alone) + "|"
+    cells = [_fmt(r["time_ms"], ".1f"), _iqr(r, "q1_ms", "q3_ms"), str(len(r.get("step_ms", []))),
+             _fmt(r["time_ratio"], ".2f", "x")]  # fmt: skip
+    if alone and r.get("standalone_error"):
+        cells += ["error: " + str(r["standalone_error"])[:80], "", "", ""]
+    elif alone:
+        cells += [_fmt(r.get("standalone_ms"), ".1f"),
+                  _iqr(r, "standalone_q1_ms", "standalone_q3_ms"),
+                  _fmt(r.get("standalone_rounds"), "d"), _fmt(r.get("standalone_ratio"), ".2f", "x")]  # fmt: skip
+    cells += [_fmt(r["peak_extra_mib"], ".1f"), _fmt(r["mem_ratio"], ".2f", "x")]
+    return head + "".join(f"| {c} " for c in cells) + "|"
+
+
+def _iqr(r: dict, q1: str, q3: str) -> str:
+    return f"{_fmt(r.get(q1), '.1f')}-{_fmt(r.get(q3), '.1f')}"
 
 
 PEER_NOTES = [
@@ -594,6 +629,7 @@ def peers_markdown(records: list[dict], env: dict) -> str:
         f"- machine: {env['device']} ({env['device_name']}), {env['cpu_count']} CPUs, torch "
         f"threads {env['torch_threads']}; torch {env['torch']}, python {env['python']}",
         f"- machine load (1/5/15-min loadavg): {load}",
+        *rule_lines(env),
         f"- date: {env['date']}; git {env.get('git')}",
         f"- command: `{env['command']}`",
         f"- timing: {env['timing']}; memory: {env['memory_method']}", "",
@@ -694,6 +730,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="JSON output (list of records)")
     p.add_argument("--markdown", type=Path, default=None, help="Markdown output")
     p.add_argument("--append", action="store_true", help="add to existing --out/--markdown")
+    p.add_argument("--standalone", action="store_true",
+                   help="also time every row alone, in its own process (the README's figure)")  # fmt: skip
+    p.add_argument("--for-readme", action="store_true",
+                   help=f"refuse (exit 2, nothing written) unless --standalone, --steps >= "
+                        f"{alone_lib.MIN_ROUNDS} and the 1-min load <= 1 per core at start and end")  # fmt: skip
+    p.add_argument("--only-row", type=int, default=None, help=argparse.SUPPRESS)  # a child's row
     return p
 
 
@@ -706,9 +748,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.batch_size < 1 or args.steps < 1 or args.warmup < 0 or args.memory_steps < 0:
         raise SystemExit("need --batch-size >= 1, --steps >= 1, --warmup >= 0, --memory-steps >= 0")
+    if args.standalone and args.peers:
+        log("bench: --standalone times dpsub's rows only; run it without --peers")
+        return 2
     args.microbatch = args.microbatch or args.batch_size
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -722,20 +768,16 @@ def _main(argv: list[str]) -> int:
     env = environment(device, [prog, *argv], args)
     if args.gep_authors:  # a path of this machine: the page names it by a placeholder
         env["command"] = env["command"].replace(str(args.gep_authors), "$GEP_AUTHORS")
-    overrides, used = parse_overrides(args.set), set()
-    records = []
-    for model in args.models:
-        log(f"== {model}, batch {args.batch_size}")
-        records += bench_model(model, plan(args), args, overrides, used)
+    if args.for_readme and (why := alone_lib.readme_problems(args.steps, args.standalone, env)):
+        return alone_lib.refuse(why[0])  # before spending any time
+    records = run_models(parser, args)
     env["loadavg_end"] = loadavg()
+    env["readme_problems"] = alone_lib.readme_problems(args.steps, args.standalone, env)
+    if args.for_readme and env["readme_problems"]:
+        return alone_lib.refuse(env["readme_problems"][0])
     env["notes"] = list(args.note)
     for r in records:
         r["env"] = env
-    unused = [
-        f"{s + '.' if s else ''}{k}" for i, (s, k, _) in enumerate(overrides) if i not in used
-    ]
-    if unused:
-        log(f"warning: --set keys matched no mechanism option: {', '.join(unused)}")
     text = peers_markdown(records, env) if args.peers else markdown(records, env)
     print(text, flush=True)
     if args.out:
@@ -743,6 +785,27 @@ def _main(argv: list[str]) -> int:
     if args.markdown:
         write_markdown(args.markdown, text, args.append)
     return 0
+
+
+def run_models(parser: argparse.ArgumentParser, args) -> list[dict]:
+    """Every model's rows, interleaved (and alone with --standalone); warns of unused --set."""
+    overrides, used = parse_overrides(args.set), set()
+    pairs = plan(args)
+    if args.only_row is not None:  # a --standalone child: that row alone
+        pairs = [pairs[args.only_row]]
+    records = []
+    for model in args.models:
+        log(f"== {model}, batch {args.batch_size}")
+        recs = bench_model(model, pairs, args, overrides, used)
+        if args.standalone:
+            alone_lib.add_standalone(parser, args, model, recs)
+        records += recs
+    unused = [
+        f"{s + '.' if s else ''}{k}" for i, (s, k, _) in enumerate(overrides) if i not in used
+    ]
+    if unused and args.only_row is None:
+        log(f"warning: --set keys matched no mechanism option: {', '.join(unused)}")
+    return records
 
 
 if __name__ == "__main__":
