@@ -105,22 +105,9 @@ class RDPAccountant:
         return _rdp_to_eps(rdp, delta)
 
     def calibrate(self, epsilon, delta, sample_rate, steps, tolerance) -> float:
-        """Opacus' ``get_noise_multiplier`` line for line over this analysis (so the
-        ``opacus`` package need not be imported)."""
-        eps_high, sigma_low, sigma_high = math.inf, 0, 10
-        while eps_high > epsilon:
-            sigma_high = 2 * sigma_high
-            eps_high = self.epsilon([(sigma_high, sample_rate, steps)], delta)
-            if sigma_high > MAX_SIGMA:
-                raise ValueError("The privacy budget is too low.")
-        while epsilon - eps_high > tolerance:
-            sigma = (sigma_low + sigma_high) / 2
-            eps = self.epsilon([(sigma, sample_rate, steps)], delta)
-            if eps < epsilon:
-                sigma_high, eps_high = sigma, eps
-            else:
-                sigma_low = sigma
-        return float(sigma_high)
+        return search_multiplier(
+            lambda z: self.epsilon([(z, sample_rate, steps)], delta), epsilon, tolerance
+        )
 
 
 @dataclass(frozen=True)
@@ -139,19 +126,34 @@ class PRVAccountant:
         return float(acc.get_epsilon(delta=delta, eps_error=self.eps_error))
 
     def calibrate(self, epsilon, delta, sample_rate, steps, tolerance) -> float:
-        from opacus.accountants.utils import get_noise_multiplier
-
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # Opacus' PRV warns on coarse grids while searching
             warnings.simplefilter("ignore")
-            z = get_noise_multiplier(
-                target_epsilon=epsilon,
-                target_delta=delta,
-                sample_rate=sample_rate,
-                steps=steps,
-                accountant=self.name,
-                epsilon_tolerance=tolerance,
+            return search_multiplier(
+                lambda z: self.epsilon([(z, sample_rate, steps)], delta), epsilon, tolerance
             )
-        return float(z)
+
+
+def search_multiplier(eps_of, epsilon: float, tolerance: float) -> float:
+    """The one noise-multiplier search (Opacus' ``get_noise_multiplier`` step for step, over
+    any composition ``eps_of(z)``): double an upper bound from 20 until its epsilon is at most
+    the target, then bisect until it is within ``tolerance`` below it; the upper end, whose
+    epsilon never exceeds the target, is returned."""
+    eps_high, sigma_low, sigma_high = math.inf, 0.0, 10.0
+    while eps_high > epsilon:
+        sigma_high = 2 * sigma_high
+        eps_high = eps_of(sigma_high)
+        if sigma_high > MAX_SIGMA:
+            raise ValueError(
+                f"no noise multiplier reaches epsilon={epsilon}: the budget is too low"
+            )
+    while epsilon - eps_high > tolerance:
+        sigma = (sigma_low + sigma_high) / 2
+        eps = eps_of(sigma)
+        if eps < epsilon:
+            sigma_high, eps_high = sigma, eps
+        else:
+            sigma_low = sigma
+    return float(sigma_high)
 
 
 #: ``privacy.accountant`` -> its class (:data:`dpsub.choices.ACCOUNTANTS` names the keys).
@@ -242,8 +244,7 @@ def calibrate_plan(
 
     ``phases`` are objects with ``steps`` and ``scale`` (:class:`dpsub.mechanisms.Phase`).
     A single phase of scale 1 is Opacus' ``get_noise_multiplier`` exactly; otherwise the
-    same search (double an upper bound, then bisect until the epsilon is within
-    ``tolerance`` below the target) runs over the whole composition.
+    same search (:func:`search_multiplier`) runs over the whole composition.
     """
     phases = [p for p in phases if p.steps > 0]
     if not phases:
@@ -255,20 +256,8 @@ def calibrate_plan(
     def eps(z: float) -> float:
         return epsilon_for(_schedule_history(z, sample_rate, phases), delta, accountant)
 
-    low, high = 0.0, 10.0
-    while eps(high) > epsilon:
-        low, high = high, 2 * high
-        if high > 1e6:
-            raise ValueError(f"no noise multiplier reaches epsilon={epsilon} for this schedule")
-    eps_high = eps(high)
-    while epsilon - eps_high > tolerance:
-        mid = (low + high) / 2
-        eps_mid = eps(mid)
-        if eps_mid <= epsilon:
-            high, eps_high = mid, eps_mid
-        else:
-            low = mid
-    return high, PrivacyPlan(tuple(_schedule_history(high, sample_rate, phases)))
+    z = search_multiplier(eps, epsilon, tolerance)
+    return z, PrivacyPlan(tuple(_schedule_history(z, sample_rate, phases)))
 
 
 def fixed_plan(z: float, sample_rate: float, phases) -> PrivacyPlan:
