@@ -148,8 +148,15 @@ MUTANTS = (
     Mutant(
         "dpsgd-half-noise",
         "src/dpsub/mechanisms/dpsgd.py",
-        "std = ctx.noise.std(ctx.z, self.opts.clip)",
-        "std = ctx.noise.std(0.5 * ctx.z, self.opts.clip)",
+        'noisy, std = ctx.noise.release(clipped.sum, ctx.z, "gradient")',
+        'noisy, std = ctx.noise.release(clipped.sum, 0.5 * ctx.z, "gradient")',
+        ("tests/unit/test_mechanisms.py", "-k", "noise_std"),
+    ),
+    Mutant(
+        "release-std-below-the-sensitivity",
+        "src/dpsub/privacy/noise.py",
+        "        std = noise_std(z, s.sensitivity)\n",
+        "        std = noise_std(z, 0.5 * s.sensitivity)\n",
         ("tests/unit/test_mechanisms.py", "-k", "noise_std"),
     ),
     Mutant(
@@ -249,8 +256,8 @@ MUTANTS = (
     Mutant(  # dpsub runs Opacus' RDP search itself (no `import opacus` at start-up)
         "rdp-calibration-accepts-an-epsilon-over-the-target",
         "src/dpsub/privacy/accountants.py",
-        "            if eps < epsilon:",
-        "            if eps < 1.1 * epsilon:",
+        "        if eps < epsilon:",
+        "        if eps < 1.1 * epsilon:",
         ("tests/unit/test_privacy.py", "-k", "calibrat"),
     ),
     Mutant(
@@ -327,8 +334,8 @@ MUTANTS = (
     Mutant(
         "rgp-half-noise",
         "src/dpsub/mechanisms/rgp.py",
-        "        std = ctx.noise.std(ctx.z, self.opts.clip)",
-        "        std = ctx.noise.std(ctx.z, self.opts.clip) / 2",
+        '        noisy, std = ctx.noise.release(clipped.sum, ctx.z, "carriers")',
+        '        noisy, std = ctx.noise.release(clipped.sum, ctx.z / 2, "carriers")',
         ("tests/unit/test_rgp.py", "-k", "records_give"),
     ),
     Mutant(
@@ -341,8 +348,8 @@ MUTANTS = (
     Mutant(
         "pdpsgd-half-noise",
         "src/dpsub/mechanisms/pdpsgd.py",
-        "        std = ctx.noise.std(ctx.z, o.clip)\n",
-        "        std = ctx.noise.std(ctx.z, o.clip) / 2\n",
+        '        noisy, std = ctx.noise.release(clipped.sum, ctx.z, "gradient")',
+        '        noisy, std = ctx.noise.release(clipped.sum, ctx.z / 2, "gradient")',
         ("tests/unit/test_pdpsgd.py", "-k", "epsilon_equals"),
     ),
     Mutant(

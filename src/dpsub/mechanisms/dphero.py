@@ -107,7 +107,7 @@ class DPHero(Mechanism):
     def step(self, x, y, ctx: StepContext) -> StepResult:
         blocks, s = self.noise_blocks()  # from W^(t-1), before this step's update
         clipped = self.engine.clipped_sum(x, y, self.opts.clip)
-        std = ctx.noise.std(ctx.z, self.opts.clip)
+        std = ctx.noise.std(ctx.z, clipped.sum.sensitivity)
         noisy = ctx.noise.shaped(clipped.sum, std, blocks, "gradient")
         return StepResult(
             grad=noisy / ctx.expected_batch_size,

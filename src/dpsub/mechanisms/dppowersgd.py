@@ -35,8 +35,7 @@ class DPPowerSGD(Mechanism):
 
     def step(self, x, y, ctx: StepContext) -> StepResult:
         clipped = self.engine.clipped_sum(x, y, self.opts.clip)
-        std = ctx.noise.std(ctx.z, self.opts.clip)
-        noisy = ctx.noise.gaussian(clipped.sum, std, "gradient")
+        noisy, std = ctx.noise.release(clipped.sum, ctx.z, "gradient")
         return StepResult(
             grad=self.compress(noisy / ctx.expected_batch_size, ctx.rng),
             stats=clipped.stats,

@@ -14,8 +14,7 @@ from dpsub.mechanisms.base import Mechanism, StepContext, StepResult, register
 class DPSGD(Mechanism):
     def step(self, x, y, ctx: StepContext) -> StepResult:
         clipped = self.engine.clipped_sum(x, y, self.opts.clip)
-        std = ctx.noise.std(ctx.z, self.opts.clip)
-        noisy = ctx.noise.gaussian(clipped.sum, std, "gradient")
+        noisy, std = ctx.noise.release(clipped.sum, ctx.z, "gradient")
         return StepResult(
             grad=noisy / ctx.expected_batch_size,
             stats=clipped.stats,

@@ -83,8 +83,7 @@ class RPDPSGD(Mechanism):
     def step(self, x, y, ctx: StepContext) -> StepResult:
         o = self.opts
         clipped = self.engine.clipped_sum(x, y, o.clip)
-        std = ctx.noise.std(ctx.z, o.clip)
-        noisy = ctx.noise.gaussian(clipped.sum, std, "gradient")  # DP-SGD's release
+        noisy, std = ctx.noise.release(clipped.sum, ctx.z, "gradient")  # DP-SGD's release
         metrics = {"noise_std": std, "projected": 0.0}
         if ctx.step < o.start_step:
             return StepResult(noisy / ctx.expected_batch_size, clipped.stats, metrics)

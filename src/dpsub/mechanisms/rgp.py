@@ -93,8 +93,7 @@ class _CarrierMechanism(Mechanism):
         ghost = self.engine.strategy.module_targets  # ghost clipping of the carriers
         target = (self.reparam.ghost_target if ghost else self.reparam.target)(carriers)
         clipped = self.engine.clipped_sum(x, y, self.opts.clip, target=target)
-        std = ctx.noise.std(ctx.z, self.opts.clip)
-        noisy = ctx.noise.gaussian(clipped.sum, std, "carriers")
+        noisy, std = ctx.noise.release(clipped.sum, ctx.z, "carriers")
         grad = self.reparam.reconstruct(noisy, target, carriers)
         every = self.opts.diagnostics_every
         private = {}

@@ -200,6 +200,12 @@ class Privatizer:
     def begin_step(self) -> None:
         self.records = []
 
+    def release(self, s: Sensitive, z: float, name: str = "release") -> tuple[Tensor, float]:
+        """The Gaussian mechanism at multiplier ``z``: ``(s + N(0, (z * sensitivity)^2 I), std)``,
+        the std taken from the sensitivity the clipped value carries (the bound given once)."""
+        std = noise_std(z, s.sensitivity)
+        return self.gaussian(s, std, name), std
+
     def _sum(self, s: Sensitive) -> Tensor:
         if not isinstance(s, Sensitive):
             raise TypeError("the privatizer only takes Sensitive values (from a clipping function)")
