@@ -46,14 +46,15 @@ class DataSchema:
 @dataclass
 class DatasetSchema:
     name: str = opt("digits", choices=tuple(REGISTRY))
-    train_size: int | None = opt(None, ge=1)
+    train_size: int | None = opt(None, ge=1)  # e.g. 10000: a class-balanced subset
     balanced: bool = True
-    image_size: int | None = opt(None, ge=1)
-    use_extra: bool = False
+    image_size: int | None = opt(None, ge=1)  # resize every image to this
+    use_extra: bool = False  # SVHN: train + the 531k 'extra' split, as GEP does
     synthetic: dict[str, Any] | None = None
+    # N: tune on N examples held out of the private set, not on the test set
     validation_size: int | None = opt(None, ge=1)
     # your own data (dataset=npz / imagefolder; docs/usage.md "Your own data")
-    path: str | None = None  # the .npz file, or the folder holding train/ and test/
+    path: str | None = None  # the .npz file, or the folder holding train/ and test/ (required)
     num_classes: int | None = opt(None, ge=2)  # npz: else its 'classes' array gives them
     mean: list[float] | None = None  # per channel; null: 0.5 (pixels [0, 1] -> [-1, 1])
     std: list[float] | None = None  # constants you choose, never statistics of the data
