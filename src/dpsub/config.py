@@ -10,6 +10,7 @@ consume them, so a config file and its class cannot drift apart silently.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ from dpsub.choices import ACCOUNTANTS, BACKENDS, RNGS, SAMPLINGS
 from dpsub.data.registry import REGISTRY
 from dpsub.declare import check_declared, opt
 from dpsub.errors import ConfigError
-from dpsub.overrides import compose, config_context  # Hydra composition, one place
+from dpsub.overrides import compose, config_context, declare_defaults  # Hydra, one place
 
 __all__ = [
     "ConfigError",
@@ -30,6 +31,7 @@ __all__ = [
     "check_environment",
     "compose",
     "config_context",
+    "declared_defaults",
     "typed_group",
     "validate",
 ]
@@ -44,14 +46,15 @@ class DataSchema:
 @dataclass
 class DatasetSchema:
     name: str = opt("digits", choices=tuple(REGISTRY))
-    train_size: int | None = opt(None, ge=1)
+    train_size: int | None = opt(None, ge=1)  # e.g. 10000: a class-balanced subset
     balanced: bool = True
-    image_size: int | None = opt(None, ge=1)
-    use_extra: bool = False
+    image_size: int | None = opt(None, ge=1)  # resize every image to this
+    use_extra: bool = False  # SVHN: train + the 531k 'extra' split, as GEP does
     synthetic: dict[str, Any] | None = None
+    # N: tune on N examples held out of the private set, not on the test set
     validation_size: int | None = opt(None, ge=1)
     # your own data (dataset=npz / imagefolder; docs/usage.md "Your own data")
-    path: str | None = None  # the .npz file, or the folder holding train/ and test/
+    path: str | None = None  # the .npz file, or the folder holding train/ and test/ (required)
     num_classes: int | None = opt(None, ge=2)  # npz: else its 'classes' array gives them
     mean: list[float] | None = None  # per channel; null: 0.5 (pixels [0, 1] -> [-1, 1])
     std: list[float] | None = None  # constants you choose, never statistics of the data
@@ -217,6 +220,38 @@ def _check_features(cfg: DictConfig) -> None:
         f"with features={name} the anchors must come from the featurized data; "
         f"choose one of {_FEATURE_AUX} (GEP Appendix A: aux=heldout_test aux.num_samples=500)", aux,
     )  # fmt: skip
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    """A dataclass's declared defaults, field by field (None where it has a factory)."""
+    return {
+        f.name: None if f.default is dataclasses.MISSING else f.default
+        for f in dataclasses.fields(cls)
+    }
+
+
+def declared_defaults() -> dict[str, dict[str, dict[str, Any]]]:
+    """Each option of the mechanism, dataset and aux groups: its keys with their declared
+    defaults, ``name`` first. The one place these defaults are written is the declaration
+    (``dpsub.mechanisms.options``, :class:`DatasetSchema` with the keys each dataset of
+    ``dpsub.data.registry`` has, ``dpsub.data.aux_options``); ``conf/<group>/<option>.yaml``
+    takes them (``- /declared/<group>/<option>@_here_``) and sets only what differs."""
+    from dpsub.data.aux_options import AUX_SOURCES
+    from dpsub.mechanisms.options import SPECS
+
+    dataset = _defaults(DatasetSchema)
+    return {
+        "mechanism": {n: {"name": n, **_defaults(s.options)} for n, s in SPECS.items()},
+        "dataset": {
+            n: {"name": n, **{k: dataset[k] for k in (*s.options, "validation_size")}}
+            for n, s in REGISTRY.items()
+        },
+        "aux": {n: {"name": n, **s.defaults} for n, s in AUX_SOURCES.items()},
+    }
+
+
+for _group, _nodes in declared_defaults().items():  # before anything composes (dpsub.overrides)
+    declare_defaults(_group, _nodes)
 
 
 def typed_group(group: str, node: DictConfig | dict | None) -> DictConfig:

@@ -18,6 +18,13 @@ command refuses them by name. Keys added with ``+KEY=VALUE`` are left to
 :func:`dpsub.config.validate`.
 
 :func:`compose` (also ``dpsub.config.compose``) is the one place Hydra composes a config.
+
+Declared defaults: a group option's defaults are written once, in its Python declaration.
+:mod:`dpsub.config` hands them to :func:`declare_defaults` when it is imported; each becomes
+the Hydra config ``declared/<group>/<option>``, which ``conf/<group>/<option>.yaml`` lists
+first in its defaults (``- /declared/mechanism/gep@_here_``) before its own values (what
+differs). So every option is in the composed config (``mechanism.num_bases=500``, no ``+``)
+without its default being written in the YAML too.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -39,6 +46,7 @@ __all__ = [
     "compose",
     "config_context",
     "config_groups",
+    "declare_defaults",
     "group_options",
     "unknown_key",
 ]
@@ -52,6 +60,32 @@ OWN_GROUPS = {"audit": "dpsub_audit", "pate": "dpsub_pate"}
 #: The key of a group that says which option it is, when it is not ``name``; setting it
 #: alone keeps the other option's keys (``audit.kind=onerun`` kept the white-box audit's).
 NAME_KEYS = {"audit": "kind", "pate": "aggregator"}
+
+
+# ------------------------------------------------------- declared defaults
+#: group -> option -> its declared defaults (``name`` first), as :func:`declare_defaults` got them
+DECLARED: dict[str, dict[str, dict]] = {}
+#: the package of the declared configs in Hydra's ConfigStore: ``/declared/<group>/<option>``
+DECLARED_GROUP = "declared"
+
+
+def declare_defaults(group: str, nodes: Mapping[str, Mapping]) -> None:
+    """Store each option's declared defaults as the Hydra config ``declared/<group>/<option>``
+    (a plain, untyped node: dpsub's validation checks the values, with its own messages)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for option, node in nodes.items():
+        DECLARED.setdefault(group, {})[option] = dict(node)
+        store.store(group=f"{DECLARED_GROUP}/{group}", name=option, node=dict(node))
+
+
+def _require_declared() -> None:
+    if not DECLARED:
+        raise RuntimeError(
+            "the options' declared defaults are not registered: import dpsub.config "
+            "before composing a config"
+        )
 
 
 # --------------------------------------------------------------- composing
@@ -71,6 +105,7 @@ def compose(
     from hydra import compose as hydra_compose
     from hydra.core.global_hydra import GlobalHydra
 
+    _require_declared()
     overrides = list(overrides)
     if _SEARCH and not any(o.startswith("hydra.searchpath=") for o in overrides):
         overrides.append(search_override())
@@ -119,6 +154,7 @@ def config_context() -> Iterator[None]:
     """Hydra initialized on the config folder once, for many :func:`compose` calls."""
     from hydra import initialize_config_dir
 
+    _require_declared()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         yield
 
@@ -218,12 +254,29 @@ def _describe_missing(
     else:
         msg = f"{key}: no such key in {where}"
     if is_group:
-        owners = [o for o in group_options(parent) if part in OmegaConf.load(_yaml(parent, o))]
+        owners = [o for o in group_options(parent) if part in option_keys(parent, o)]
         if owners:
             msg += (
                 f"; {part} is a key of {parent}={', '.join(owners)} (select one with {parent}=...)"
             )
     return msg
+
+
+def option_keys(group: str, option: str) -> set[str]:
+    """The keys ``GROUP=OPTION`` gives its group: those of its YAML file and of the configs
+    its defaults list takes (its declared defaults, another option of the group), without
+    composing (a Hydra composition per option would make an error message slow)."""
+    node = OmegaConf.load(_yaml(group, option))
+    keys = {str(k) for k in node} - {"defaults"}
+    for entry in node.get("defaults") or []:
+        if not isinstance(entry, str) or entry == "_self_":
+            continue  # ``override /aux@...: natural``: another group's
+        path, _, package = entry.partition("@")
+        if path.startswith(f"/{DECLARED_GROUP}/{group}/") and package == "_here_":
+            keys |= set(DECLARED.get(group, {}).get(path.rpartition("/")[2], {}))
+        elif "/" not in path and not package:  # another option of this group: its keys too
+            keys |= option_keys(group, path)
+    return keys
 
 
 def _yaml(group: str, option: str) -> Path:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dpsub.config import ConfigError
+from dpsub.config import ConfigError, compose
 from dpsub.data import DatasetBundle, DatasetNotFoundError, load_dataset
 from dpsub.data.aux import AUX_LOADERS, AuxData, build_aux, convert_images, source
 from dpsub.data.aux_options import AUX_SOURCES, LABEL_MODES, check_aux_config
@@ -241,10 +241,7 @@ def test_natural_to_rgb_32(rgb: DatasetBundle) -> None:
 def test_natural_default_path_and_interpolation(mono: DatasetBundle) -> None:
     root = _require_natural()
     a, _ = build_aux({"name": "natural", "num_samples": 5}, mono, root=str(root), seed=0)
-    cfg = OmegaConf.create(
-        {"data": {"root": str(root)}, "aux": OmegaConf.load(CONF / "natural.yaml")}
-    )
-    cfg.aux.num_samples = 5
+    cfg = compose(["aux=natural", f"data.root={root}", "aux.num_samples=5"])
     b, _ = build_aux(cfg.aux, mono, root="elsewhere", seed=0)
     assert torch.equal(a.x, b.x)
 
@@ -538,8 +535,7 @@ def test_conf_files_match_the_sources() -> None:
     names = {p.stem for p in CONF.glob("*.yaml")}
     assert names == {"none", *AUX_SOURCES}
     for name in AUX_SOURCES:
-        node = OmegaConf.load(CONF / f"{name}.yaml")
-        cfg = OmegaConf.create({"data": {"root": "/r"}, "aux": node})
+        cfg = compose([f"aux={name}", "data.root=/r"])  # its declared defaults and its own
         opts = OmegaConf.to_container(cfg.aux, resolve=True)
         assert opts.pop("name") == name
         assert set(opts) == set(AUX_SOURCES[name].defaults), name  # every option, nothing else

@@ -12,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+import dpsub.config  # noqa: F401 -- declares the options' defaults before Hydra composes
 from dpsub.errors import ConfigError, ResumeError, exit_code
 from dpsub.paths import conf_dir
 

@@ -52,6 +52,9 @@ class AuxSource:
         object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
 
 
+#: num_samples: m, drawn without replacement (deterministic in the seed); labels: one of
+#: LABEL_MODES; seed: the selection (or noise) seed, None: the run seed. ``path`` and
+#: ``download``: see each source. These are the only defaults: conf/aux/<name>.yaml takes them.
 _COMMON = {"num_samples": 2000, "labels": "random_per_step", "seed": None}
 
 #: The declared sources, ``none`` (no auxiliary data) aside.

@@ -4,7 +4,7 @@ One :class:`DatasetSpec` per ``dataset.name``: the folder and files it reads und
 ``data.root`` (checked before torch is imported, :mod:`dpsub.data.files`), the sizes of the
 official release (the cost model's N where the data is absent), whether a horizontal flip
 keeps its labels (augmentation multiplicity), whether it reads the user's own data from
-``dataset.path``, and the name of its loader in :mod:`dpsub.data.datasets` (imported with
+``dataset.path``, which ``dataset.*`` options it has, and the name of its loader in :mod:`dpsub.data.datasets` (imported with
 torch). The config validator's choices (``dataset.name``), the file check, the
 readers, the augmentation and the cost model all read this table, so a dataset is added here
 once (and its loader written) and nowhere else.
@@ -23,6 +23,8 @@ _IDX = (
     "t10k-labels-idx1-ubyte.gz",
 )
 _CIFAR10 = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
+_SUBSET = ("train_size", "balanced")  # a class-balanced subset of the training split
+_USER = ("path", "num_classes", "mean", "std", "image_size")  # your own data
 
 
 @dataclass(frozen=True)
@@ -37,14 +39,20 @@ class DatasetSpec:
     extra_size: int = 0  #: examples dataset.use_extra adds
     flip: bool = False  #: a horizontal flip keeps the label (natural images, not digits)
     user_path: str | None = None  #: "file" / "folder": dataset.path names the user's data
+    #: its ``dataset.*`` keys beside ``name`` and ``validation_size`` (defaults: config.DatasetSchema)
+    options: tuple[str, ...] = ()
     doc: str = ""
 
 
 REGISTRY: dict[str, DatasetSpec] = {
-    "digits": DatasetSpec("_load_digits", doc="scikit-learn's bundled 8x8 digits (offline)"),
-    "mnist": DatasetSpec("_load_mnist", "MNIST/raw", _IDX, published=(60_000, 10_000)),
+    "digits": DatasetSpec(
+        "_load_digits", options=("image_size",), doc="scikit-learn's bundled 8x8 digits (offline)"
+    ),
+    "mnist": DatasetSpec(
+        "_load_mnist", "MNIST/raw", _IDX, published=(60_000, 10_000), options=_SUBSET
+    ),
     "fashion_mnist": DatasetSpec(
-        "_load_fashion_mnist", "FashionMNIST/raw", _IDX, published=(60_000, 10_000)
+        "_load_fashion_mnist", "FashionMNIST/raw", _IDX, published=(60_000, 10_000), options=_SUBSET
     ),
     "cifar10": DatasetSpec(
         "_load_cifar10", "cifar-10-batches-py", _CIFAR10, published=(50_000, 10_000), flip=True
@@ -59,16 +67,21 @@ REGISTRY: dict[str, DatasetSpec] = {
         ("extra_32x32.mat",),
         published=(73_257, 26_032),
         extra_size=531_131,
+        options=("use_extra",),
     ),  # fmt: skip
-    "synthetic": DatasetSpec("_load_synthetic", doc="class patterns plus noise (no files)"),
+    "synthetic": DatasetSpec(
+        "_load_synthetic", options=("synthetic",), doc="class patterns plus noise (no files)"
+    ),
     "npz": DatasetSpec(
         "_load_npz",
         user_path="file",
+        options=_USER,
         doc="your own arrays: x_train, y_train, x_test, y_test in dataset.path",
     ),  # fmt: skip
     "imagefolder": DatasetSpec(
         "_load_imagefolder",
         user_path="folder",
+        options=_USER,
         doc="your own images: dataset.path/{train,test}/<class>/<image>",
     ),  # fmt: skip
 }

@@ -313,6 +313,8 @@ def _task(cfg: DictConfig) -> float:
 def hydra_main() -> None:
     import hydra
 
+    import dpsub.config  # noqa: F401 -- declares the options' defaults before Hydra composes
+
     hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")(_task)()
 
 

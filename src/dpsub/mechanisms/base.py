@@ -20,7 +20,8 @@ What a mechanism declares:
 
 To add a mechanism: declare its options in ``options.py``, subclass
 :class:`Mechanism` with ``@register("name")``, implement :meth:`Mechanism.step`, and add
-``conf/mechanism/<name>.yaml`` with the declared options.
+``conf/mechanism/<name>.yaml`` taking the declared defaults
+(``- /declared/mechanism/<name>@_here_``; docs/architecture.md "Where a default lives").
 """
 
 from __future__ import annotations

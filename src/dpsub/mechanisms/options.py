@@ -3,8 +3,9 @@
 This module imports nothing heavy (no torch), so the config validator can check a
 mechanism's options in well under a second, before anything is created. Each
 mechanism class is linked to its declaration by name (``@register(name)`` in
-:mod:`dpsub.mechanisms.base`), and ``conf/mechanism/<name>.yaml`` holds exactly the
-declared options (a test checks both).
+:mod:`dpsub.mechanisms.base`). The defaults are written here only: ``conf/mechanism/<name>.yaml``
+takes them (``- /declared/mechanism/<name>@_here_``, registered by :mod:`dpsub.config`) and
+sets only what differs (tests/unit/test_declared_once.py).
 
 To declare a mechanism::
 
@@ -94,24 +95,38 @@ RESIDUALS = ("bookkeeping", "materialize")
 class BGEPOptions:
     """B-GEP: release only the noisy anchor-subspace embedding (std z S1)."""
 
-    num_bases: int = opt(1000, ge=1, help="k, split over groups by sqrt(group size)")
+    num_bases: int = opt(
+        1000,
+        ge=1,
+        help="k, split over groups by sqrt(group size) (paper: 500-2000; halve for MNIST)",
+    )
     clip_embedding: float = opt(10.0, gt=0, help="S1 (paper 10; official code 5)")
     power_iters: int = opt(1, ge=1, help="t, power iterations per subspace")
-    grouping: str = opt("stages", choices=GROUPINGS, help="parameter groups, one basis each")
+    grouping: str = opt(
+        "stages",
+        choices=GROUPINGS,
+        help="parameter groups, one basis each: stages (paper: one per top-level module) | chunks "
+        "(official code) | tensors | flat",
+    )
     num_groups: int = opt(3, ge=1, help="groups of grouping=chunks (official code: 3)")
     precision: str = opt("fp32", choices=PRECISIONS, help="power-iteration matmul precision")
-    subspace_every: int = opt(1, ge=1, help="recompute the anchor subspace every N steps")
+    subspace_every: int = opt(
+        1, ge=1, help="recompute the anchor subspace every N steps (paper: 1)"
+    )
     warm_start: bool = opt(
         False, help="start each recomputation from the previous basis (tracking; paper: random)"
     )
     refresh_every: int = opt(
-        0, ge=0, help="with warm_start: a random start every N steps (0: never)"
+        0, ge=0, help="with warm_start: a random start every N steps (0: only the first)"
     )
     anchor_precision: str = opt(
         "fp32", choices=ANCHOR_PRECISIONS, help="anchor gradients: fp32 | bf16 (autocast)"
     )
     diagnostics_every: int = opt(
-        50, ge=0, help="steps between private diagnostics (privacy.private_diagnostics only)"
+        50,
+        ge=0,
+        help="steps between projection-error / stable-rank logs (0: off; privacy.private_diagnostics "
+        "only: the private batch, not privatized)",
     )
 
 
@@ -122,7 +137,10 @@ class GEPOptions(BGEPOptions):
 
     clip_residual: float = opt(2.0, gt=0, help="S2")
     residual: str = opt(
-        "bookkeeping", choices=RESIDUALS, help="clip r_i from ||g||^2 - ||w||^2 | form R = G - W B"
+        "bookkeeping",
+        choices=RESIDUALS,
+        help="bookkeeping: clip r_i by ||g_i||^2 - ||w_i||^2 (with a rounding margin) | materialize: "
+        "form R = G - W B",
     )
 
 
