@@ -8,6 +8,7 @@ backends where they apply) on a 512-example MNIST subset (``DPSUB_DATA`` must ho
 Its fingerprint is the SHA-256 of the checkpoint's state (every tensor's bytes, every other
 value's repr; the saved config left out), of ``metrics.jsonl``, ``ledger.json`` and
 ``summary.json`` with the wall-clock keys dropped. ``--compare`` exits 1 on any difference.
+Runs use one torch thread (two make CPU reductions nondeterministic).
 """
 
 from __future__ import annotations
@@ -114,6 +115,11 @@ def run_case(name: str, extra: list[str], work: Path) -> dict[str, str]:
 def main() -> None:
     import logging
 
+    import torch
+
+    # one thread: with two, CPU reductions change order between runs of one commit (seen
+    # 2026-11-26: 11 of 16 cases differed from themselves), which would hide a real change
+    torch.set_num_threads(1)
     logging.disable(logging.INFO)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path, help="folder for fingerprints.json")
