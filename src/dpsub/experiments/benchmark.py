@@ -78,6 +78,7 @@ from dpsub.models import count_parameters
 from dpsub.paths import project_root
 from dpsub.rundir import cpu_name, git_commit
 from dpsub.training.build import build_run, train_step
+from dpsub.training.heap import keep_freed_memory
 
 ROOT = project_root()  # the repository (an install: the working directory)
 #: a backend, or vmap with grads.compile=true (torch.compile of the per-example function)
@@ -508,6 +509,7 @@ def markdown(records: list[dict], env: dict) -> str:
         f"- timing: {env['timing']}; memory: {env['memory_method']}, extra = peak minus memory held before the step",
         f"- machine load (1/5/15-min loadavg): {env.get('loadavg_start', 'n/a')} at start, "
         f"{env.get('loadavg_end', 'n/a')} at end",
+        f"- allocator: {env.get('malloc', 'the C library default (not recorded)')}",
         *rule_lines(env), "",
     ]  # fmt: skip
     for model in dict.fromkeys(r["model"] for r in records):
@@ -750,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    heap = keep_freed_memory()  # as dpsub-train does (DPSUB_MALLOC=default: glibc's own)
     if args.batch_size < 1 or args.steps < 1 or args.warmup < 0 or args.memory_steps < 0:
         raise SystemExit("need --batch-size >= 1, --steps >= 1, --warmup >= 0, --memory-steps >= 0")
     if args.standalone and args.peers:
@@ -766,6 +769,7 @@ def _main(argv: list[str]) -> int:
     # the command as typed (python scripts/bench.py ...); called in-process: the wrapper's name
     prog = os.path.relpath(sys.argv[0]) if sys.argv[0].endswith("bench.py") else "scripts/bench.py"
     env = environment(device, [prog, *argv], args)
+    env["malloc"] = "freed memory kept (dpsub.training.heap)" if heap else "the C library's default"
     if args.gep_authors:  # a path of this machine: the page names it by a placeholder
         env["command"] = env["command"].replace(str(args.gep_authors), "$GEP_AUTHORS")
     if args.for_readme and (why := alone_lib.readme_problems(args.steps, args.standalone, env)):

@@ -52,6 +52,7 @@ from dpsub.training.checkpoint import (
 )
 from dpsub.training.distributed import init_distributed
 from dpsub.training.ema import evaluate_released, released
+from dpsub.training.heap import keep_freed_memory
 from dpsub.training.progress import Progress, attach_run_log
 
 log = logging.getLogger("dpsub")
@@ -336,6 +337,7 @@ def train(cfg: DictConfig | Settings, run_dir: str | Path, resume: bool = False)
     """
     settings = validate(cfg)
     cfg = settings.cfg
+    keep_freed_memory()  # the next step reuses this step's memory (no page faults; heap.py)
     dist = init_distributed(settings.device)
     run_dir = Path(dist.broadcast_object(str(run_dir)))  # rank 0's (its clock names it)
     if not dist.main:
