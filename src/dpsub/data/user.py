@@ -74,8 +74,9 @@ def _norm(mean, std, channels: int) -> tuple[tuple[float, ...], tuple[float, ...
 
 
 def _npz_arrays(path: Path, validation: bool) -> dict[str, np.ndarray]:
-    """x_train, y_train (or x, y) and x_test, y_test; without test arrays, empty test ones
-    when dataset.validation_size holds examples out (evaluation runs on those)."""
+    """x_train, y_train (or x, y), x_test, y_test and ``classes`` when there; without test
+    arrays, empty test ones when dataset.validation_size holds examples out (evaluation
+    runs on those)."""
     with reading(path, None, HINT, what=".npz file"):
         npz = np.load(path, allow_pickle=False)
     if not isinstance(npz, np.lib.npyio.NpzFile):
@@ -89,12 +90,14 @@ def _npz_arrays(path: Path, validation: bool) -> dict[str, np.ndarray]:
             f"{path}: no x_test / y_test arrays (it has {sorted(names)}); add them, or set "
             "dataset.validation_size=N to evaluate on N training examples held out"
         )
-    a = read_npz(path, None, (*train, *(("x_test", "y_test") if has_test else ())), HINT)
-    out = {"x_train": a[train[0]], "y_train": a[train[1]]}
-    if has_test:
-        return {**out, "x_test": a["x_test"], "y_test": a["y_test"]}
-    x = out["x_train"]
-    return {**out, "x_test": x[:0], "y_test": out["y_train"][:0]}
+    extra = (("x_test", "y_test") if has_test else ()) + (
+        ("classes",) if "classes" in names else ()
+    )
+    a = read_npz(path, None, (*train, *extra), HINT)
+    out = {"x_train": a[train[0]], "y_train": a[train[1]], **{k: a[k] for k in extra}}
+    if not has_test:
+        out.update(x_test=out["x_train"][:0], y_test=out["y_train"][:0])
+    return out
 
 
 def _load_npz(root: Path, download: bool, user: dict | None = None, **_: object) -> _Raw:
@@ -105,13 +108,12 @@ def _load_npz(root: Path, download: bool, user: dict | None = None, **_: object)
     classes = None
     k = user.get("num_classes")
     if k is None:
-        with np.load(path, allow_pickle=False) as npz:
-            if "classes" not in npz.files:
-                raise DataError(
-                    f"dataset.num_classes: {path} has no 'classes' array; set "
-                    "dataset.num_classes (not read from the labels: a statistic of your data)"
-                )
-            classes = [str(c) for c in npz["classes"]]
+        if "classes" not in a:
+            raise DataError(
+                f"dataset.num_classes: {path} has no 'classes' array; set "
+                "dataset.num_classes (not read from the labels: a statistic of your data)"
+            )
+        classes = [str(c) for c in a["classes"]]
         k = len(classes)
     tr_x, te_x = _images(a["x_train"], path, "x_train"), _images(a["x_test"], path, "x_test")
     if tr_x.shape[1:] != te_x.shape[1:]:
@@ -163,13 +165,9 @@ def _stack(images: list, gray: bool) -> np.ndarray:
                 f"{f}: size {im.shape[1]}x{im.shape[0]}, the first image's is "
                 f"{shape[1]}x{shape[0]}; set dataset.image_size to resize them all"
             )
-        out.append(
-            im[..., None]
-            if im.ndim == 2 and gray
-            else np.stack([im] * 3, -1)
-            if im.ndim == 2
-            else im
-        )
+        if im.ndim == 2:  # gray: one channel if every image is, else repeated to RGB
+            im = im[..., None] if gray else np.repeat(im[..., None], 3, axis=-1)
+        out.append(im)
     return np.stack(out).transpose(0, 3, 1, 2)
 
 
