@@ -105,12 +105,15 @@ def run_script_in_process(script: Path, *words, env: dict | None = None, cwd: Pa
     (``dpsub.experiments.<module>``) as ``__main__``, :func:`captured` in this process."""
     import contextlib
     import runpy
+    import warnings
 
     name = Path(script).stem
     module = f"dpsub.experiments.{SCRIPT_MODULES.get(name, name)}"
 
     def run():
-        with contextlib.chdir(cwd):
+        with contextlib.chdir(cwd), warnings.catch_warnings():
+            # a fresh interpreter has not imported the module yet; this process may have
+            warnings.filterwarnings("ignore", "'dpsub.experiments.", RuntimeWarning)
             runpy.run_module(module, run_name="__main__")
 
     return captured(run, [str(script), *map(str, words)], env or dict(os.environ))
@@ -119,14 +122,16 @@ def run_script_in_process(script: Path, *words, env: dict | None = None, cwd: Pa
 def captured(run, argv: list[str], env: dict) -> subprocess.CompletedProcess:
     """``run()`` with ``sys.argv`` = ``argv`` and environment ``env``, its stdout / stderr and
     exit code captured as a subprocess's would be (seconds, where a subprocess spends most
-    of its time importing torch). ``sys.argv``, ``os.environ`` and the logging set-up Hydra
-    replaces are restored afterwards."""
+    of its time importing torch). ``sys.argv``, ``os.environ``, torch's thread count and the
+    logging set-up Hydra replaces are restored afterwards."""
     import contextlib
     import io
     import logging
 
     out, err, code = io.StringIO(), io.StringIO(), 0
-    saved_argv, saved_env = sys.argv[:], os.environ.copy()
+    import torch
+
+    saved_argv, saved_env, threads = sys.argv[:], os.environ.copy(), torch.get_num_threads()
     loggers = [logging.getLogger(n) for n in ("", "dpsub", "hydra")]
     saved_logs = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
     try:
@@ -141,6 +146,7 @@ def captured(run, argv: list[str], env: dict) -> subprocess.CompletedProcess:
             err.write(f"{e.code}\n")
     finally:
         sys.argv = saved_argv
+        torch.set_num_threads(threads)  # a script may set its own (bench, mia: one)
         os.environ.clear()
         os.environ.update(saved_env)
         for lg, handlers, level, propagate in saved_logs:
@@ -171,6 +177,21 @@ SYNTH = (
 
 
 E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_configure(config):
+    """Under pytest-xdist each worker computes on its share of the cores (``make test``: two
+    workers, one thread each), and so do the subprocesses its tests start. With torch's
+    default (a thread per core in every worker) two workers oversubscribed two cores, and a
+    worker whose in-process script had set one thread ran the rest of its files up to six
+    times faster than the other: the suite's time depended on which file ran where."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m "not slow"`` deselects

@@ -83,16 +83,17 @@ def one_cell_per_kind(cells: list[dict]) -> list[dict]:
     return list({kind(c): c for c in reversed(cells)}.values())
 
 
-def check_cells(name: str, pick) -> None:
+def check_cells(name: str, pick, ends: slice = slice(None)) -> None:
+    """Every ``pick``ed cell of every setting composes and validates; where a setting tunes,
+    with the ``ends`` of the grid's (first, last) points (the points differ only in values)."""
     t = tables.load_table(name)
     for setting in ["paper", *t.settings]:
+        tune = t.tune_of(setting)
         for cell in pick(t.cells(setting)):
             ov = t.overrides_of(cell, setting)
-            validate(compose_cfg(*ov))
-            tune = t.tune_of(setting)
-            if tune:  # a grid's first and last points (the points differ only in their values)
-                points = list(tune.points(cell["mechanism"]))
-                for lr, ci in points[:1] + points[1:][-1:]:
-                    validate(
-                        compose_cfg(*ov, *tables.tune_overrides(tune, cell["mechanism"], lr, ci))
-                    )
+            if not tune:
+                validate(compose_cfg(*ov))
+                continue
+            points = list(tune.points(cell["mechanism"]))
+            for lr, ci in (points[:1] + points[1:][-1:])[ends]:
+                validate(compose_cfg(*ov, *tables.tune_overrides(tune, cell["mechanism"], lr, ci)))

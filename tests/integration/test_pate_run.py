@@ -104,8 +104,8 @@ def test_pate_end_to_end_and_resume(tmp_path, monkeypatch):
         return type("Dying", (), {"worst_case": agg.worst_case, "__call__": staticmethod(call)})()
 
     monkeypatch.setattr(pate_run, "build_aggregator", dying)
-    with pytest.raises(KeyboardInterrupt):
-        run_pate(_cfg(), tmp_path / "killed")
+    with pytest.raises(KeyboardInterrupt):  # its student is not what is compared: one epoch
+        run_pate(_cfg("pate.student.epochs=1"), tmp_path / "killed")
     saved = json.loads((tmp_path / "killed" / pate_run.STATE).read_text())
     assert saved["next"] == 10 and not saved["done"]
     monkeypatch.setattr(pate_run, "build_aggregator", real)

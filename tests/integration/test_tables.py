@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 from dpsub.errors import ConfigError
 from dpsub.experiments import costs, tables
 
-from conftest import REPO, compose_cfg
-from helpers.tables import TINY, check_cells, load_script, one_cell_per_kind, script
+from conftest import REPO, compose_cfg, run_script_in_process
+from helpers.tables import SCRIPTS, TINY, check_cells, load_script, one_cell_per_kind
 
 PAPER_TEXT = REPO.parent / "shared" / "papers" / "gep-gradient-embedding-perturbation.txt"
 needs_paper = pytest.mark.skipif(not PAPER_TEXT.is_file(), reason="the GEP paper's text not found")
@@ -47,9 +47,9 @@ def test_grid_is_the_papers_cells(name):
 
 @pytest.mark.parametrize("name", TABLES)
 def test_one_cell_of_each_kind_composes_in_every_setting(name):
-    """Each setting's experiment + overrides composes and validates, per kind of cell (every
-    cell: tests/e2e/test_e2e_tables.py)."""
-    check_cells(name, one_cell_per_kind)
+    """Each setting's experiment + overrides composes and validates, per kind of cell, a tuned
+    one at its grid's last point (every cell at both ends: tests/e2e/test_e2e_tables.py)."""
+    check_cells(name, one_cell_per_kind, slice(-1, None))
 
 
 #: GEP paper, Section 4: epochs for epsilon 2 / 5 / 8, and delta.
@@ -205,13 +205,15 @@ def test_pick_best_is_the_best_validation_accuracy_first_on_ties(tmp_path):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
-    proc = script("reproduce", *argv, "--out", tmp_path / "out", cwd=tmp_path)
+    def run(name, *words):  # the script's module in this process (a subprocess: tests/e2e)
+        return run_script_in_process(SCRIPTS / f"{name}.py", *words, cwd=tmp_path)
+
+    proc = run("reproduce", *argv, "--out", tmp_path / "out")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and fragment in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
     if len(argv) <= 3:  # a bad table or setting (make_table takes no overrides)
-        made = script("make_table", *argv, "--runs", tmp_path / "out", "--out", tmp_path / "t",
-                      cwd=tmp_path)  # fmt: skip
+        made = run("make_table", *argv, "--runs", tmp_path / "out", "--out", tmp_path / "t")
         assert made.returncode == 2 and made.stderr.count("\n") == 1, made.stderr
         assert not (tmp_path / "t").exists()
 

@@ -256,7 +256,7 @@ def test_gep_noisy_releases_average_to_the_mean_gradient_bgep_does_not():
     assert bias > 3 * expected_err
 
 
-def measured_noise(mech, x, y, z, T=300):
+def measured_noise(mech, x, y, z, T=150):
     """The released noise of ``T`` steps (release at z minus the noise-free release), B = 1."""
     base = mech.step(x, y, ctx(B=1.0)).grad
     return torch.stack([mech.step(x, y, ctx(seed=s + 1, B=1.0, z=z)).grad - base for s in range(T)])

@@ -97,18 +97,16 @@ def sources(readme: Path, text: str) -> list[Path]:
 def numbers_in(path: Path) -> frozenset[str]:
     """Every decimal rendering a table could take of the numbers stored under ``path``."""
     files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
-    out: set[str] = set()
+    token = re.compile(r"[-+]?\d+\.\d+(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?")
+    tokens: set[str] = set()  # each distinct token once (runs repeat most of theirs)
     for f in files:
-        if f.suffix not in TEXT or f.stat().st_size > 5_000_000:
-            continue
-        for tok in re.findall(
-            r"[-+]?\d+\.\d+(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?", f.read_text(errors="ignore")
-        ):
-            out.add(tok.lstrip("+"))
-            v = float(tok)
-            for d in range(0, 5):
-                out.add(f"{v:.{d}f}")
-                out.add(f"{100 * v:.{d}f}")
+        if f.suffix in TEXT and f.stat().st_size <= 5_000_000:
+            tokens.update(token.findall(f.read_text(errors="ignore")))
+    out = {tok.lstrip("+") for tok in tokens}
+    for v in {float(tok) for tok in tokens}:
+        for d in range(0, 5):
+            out.add(f"{v:.{d}f}")
+            out.add(f"{100 * v:.{d}f}")
     return frozenset(out)
 
 
