@@ -128,9 +128,9 @@ def captured(run, argv: list[str], env: dict) -> subprocess.CompletedProcess:
     import io
     import logging
 
-    out, err, code = io.StringIO(), io.StringIO(), 0
     import torch
 
+    out, err, code = io.StringIO(), io.StringIO(), 0
     saved_argv, saved_env, threads = sys.argv[:], os.environ.copy(), torch.get_num_threads()
     loggers = [logging.getLogger(n) for n in ("", "dpsub", "hydra")]
     saved_logs = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
@@ -183,8 +183,7 @@ def pytest_configure(config):
     """Under pytest-xdist each worker computes on its share of the cores (``make test``: two
     workers, one thread each), and so do the subprocesses its tests start. With torch's
     default (a thread per core in every worker) two workers oversubscribed two cores, and a
-    worker whose in-process script had set one thread ran the rest of its files up to six
-    times faster than the other: the suite's time depended on which file ran where."""
+    worker whose in-process script had set one thread kept it for the rest of its files."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
         import torch

@@ -205,7 +205,7 @@ def test_pick_best_is_the_best_validation_accuracy_first_on_ties(tmp_path):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
-    def run(name, *words):  # the script's module in this process (a subprocess: tests/e2e)
+    def run(name, *words):  # the script's module, in this process
         return run_script_in_process(SCRIPTS / f"{name}.py", *words, cwd=tmp_path)
 
     proc = run("reproduce", *argv, "--out", tmp_path / "out")
