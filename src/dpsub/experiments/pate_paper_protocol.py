@@ -4,6 +4,8 @@
     uv run python scripts/pate_paper_protocol.py final     # seeds x epsilons, semi-supervised
     uv run python scripts/pate_paper_protocol.py final --only seed0   # some run dirs only
     uv run python scripts/pate_paper_protocol.py ablation --only seed0  # row (a) -> (b), a step at a time
+    uv run python scripts/pate_paper_protocol.py budget --setting mnist_paper_t20  # the
+    uv run python scripts/pate_paper_protocol.py final --setting mnist_paper_t20   # teachers step
 
 Needs the mnist_confident setting's tuning runs (``scripts/pate_study.py tune
 mnist_confident``: its teachers' votes in ``outputs/pate_votes`` and its picks).
@@ -25,6 +27,10 @@ mnist_confident``: its teachers' votes in ``outputs/pate_votes`` and its picks).
   the target) and ``student`` (the same with the FixMatch student); the last step,
   ``accounting`` (the budget by the released data-dependent epsilon), is row (b) itself.
   Run dirs ``ablation/<step>_seed<s>_eps<e>``.
+* ``--setting mnist_paper_t20``: ``budget`` and ``final`` for the ablation's last step,
+  row (b) with teachers trained 20 epochs (new teachers: ``budget`` trains them once
+  into ``pate.votes_cache``, about an hour on one core here); the aggregator picks stay
+  mnist_confident's.
 """
 
 from __future__ import annotations
@@ -37,25 +43,40 @@ from pathlib import Path
 from dpsub.experiments.pate_study import RESULTS, WORK, run_one, studies
 
 NAME, FROM = "mnist_paper", "mnist_confident"
+SETTINGS = ("mnist_paper", "mnist_paper_t20")  # row (b) and its teachers step
 COUNTS = tuple(range(500, 9001, 500))
 LIFTED = "privacy.epsilon=1000"  # the data-independent filter does not bind
 
 
-def _overrides(e: int, picks: dict) -> list[str]:
-    s = studies.PATE_SETTINGS[NAME]
+def _picks() -> dict[int, str]:
+    """mnist_confident's pick per epsilon: its local tuning runs, else the committed ones."""
+    return studies.pate_picks(FROM, WORK) or studies.pate_picks(FROM, RESULTS)
+
+
+def _overrides(e: int, picks: dict, name: str = NAME) -> list[str]:
+    s = studies.PATE_SETTINGS[name]
     return [*s.overrides, *s.shared, *studies.PATE_SETTINGS[FROM].grid[picks[e]], LIFTED]
 
 
-def budget() -> dict:
-    import numpy as np
+def _votes(cfg, pate, tmp: Path):
+    """The teachers' votes from ``pate.votes_cache``; teachers trained once if absent."""
+    from dpsub.pate.pool import make_pools
+    from dpsub.pate.run import load_or_compute_votes
+    from dpsub.training.build import load_data, pick_device
 
+    data = load_data(cfg)
+    pools = make_pools(data, pate.public_size, cfg.dataset.validation_size, True, cfg.seed)
+    return load_or_compute_votes(cfg, pate, pools, pick_device(str(cfg.device)), tmp)
+
+
+def budget(name: str = NAME) -> dict:
     from dpsub.cli.pate import JsonlMetrics
     from dpsub.config import compose
-    from dpsub.pate.run import answer_queries, check_release, split, votes_key
+    from dpsub.pate.run import answer_queries, check_release, split
 
-    picks, s, out, memo = studies.pate_picks(FROM, WORK), studies.PATE_SETTINGS[NAME], {}, {}
+    picks, s, out, memo = _picks(), studies.PATE_SETTINGS[name], {}, {}
     for e in s.epsilons:
-        base = [*_overrides(e, picks), f"seed={s.tune_seed}",
+        base = [*_overrides(e, picks, name), f"seed={s.tune_seed}",
                 f"dataset.validation_size={s.validation_size}"]  # fmt: skip
         released = {}
         for n in COUNTS:
@@ -64,8 +85,8 @@ def budget() -> dict:
                 continue
             cfg, pate = split(compose([*base, f"pate.max_queries={n}"], config_name="dpsub_pate"))
             check_release(pate, 10)
-            votes = np.load(Path(pate.votes_cache) / f"{votes_key(cfg, pate)}.npy")
             with tempfile.TemporaryDirectory() as tmp:
+                votes = _votes(cfg, pate, Path(tmp))
                 st = answer_queries(cfg, pate, votes, 10, Path(tmp), JsonlMetrics(Path(tmp) / "m"))
             released[n] = {"released_epsilon": st["release"]["epsilon"],
                            "answered": len(st["labels"]), "epsilon": st["ledger"].epsilon()}  # fmt: skip
@@ -74,29 +95,29 @@ def budget() -> dict:
         within = [n for n in COUNTS if released[n]["released_epsilon"] <= e]
         out[e] = {"pick": picks[e], "max_queries": max(within) if within else None,
                   "counts": released}  # fmt: skip
-    dest = RESULTS / NAME / "budget.json"
+    dest = RESULTS / name / "budget.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(out, indent=1) + "\n")
     return out
 
 
-def final(only: str | None) -> None:
-    s = studies.PATE_SETTINGS[NAME]
-    plan = json.loads((RESULTS / NAME / "budget.json").read_text())
+def final(only: str | None, name: str = NAME) -> None:
+    s = studies.PATE_SETTINGS[name]
+    plan = json.loads((RESULTS / name / "budget.json").read_text())
     picks = {int(e): v["pick"] for e, v in plan.items()}
     for seed in s.seeds:
         for e in s.epsilons:
             n = plan[str(e)]["max_queries"]
-            run_dir = WORK / NAME / "final" / f"seed{seed}_eps{e}"
+            run_dir = WORK / name / "final" / f"seed{seed}_eps{e}"
             if n is None or (only and only not in run_dir.name):
                 continue
-            run_one(run_dir, [*_overrides(e, picks), f"pate.max_queries={n}",
+            run_one(run_dir, [*_overrides(e, picks, name), f"pate.max_queries={n}",
                               f"pate.holdout={s.validation_size}",
                               f"pate.teacher_seed={s.tune_seed}", f"seed={seed}"])  # fmt: skip
 
 
 def ablation(only: str | None) -> None:
-    s, picks = studies.PATE_SETTINGS[FROM], studies.pate_picks(FROM, WORK)
+    s, picks = studies.PATE_SETTINGS[FROM], _picks()
     semi = [o for o in studies.PATE_SETTINGS[NAME].overrides if o.startswith("pate.student.")]
     steps = {"aggregator": [], "student": semi}
     for seed in studies.PATE_SETTINGS[NAME].seeds:
@@ -115,11 +136,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("stage", choices=("budget", "final", "ablation"))
     p.add_argument("--only", default=None, help="run only the dirs whose name contains this")
+    p.add_argument("--setting", default=NAME, choices=SETTINGS, help="budget/final: which row")
     args = p.parse_args()
+    if args.stage == "ablation" and args.setting != NAME:
+        p.error("ablation: runs the steps up to row (b) only (--setting mnist_paper)")
     if args.stage == "budget":
-        budget()
+        budget(args.setting)
+    elif args.stage == "final":
+        final(args.only, args.setting)
     else:
-        (final if args.stage == "final" else ablation)(args.only)
+        ablation(args.only)
 
 
 if __name__ == "__main__":
