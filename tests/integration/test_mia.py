@@ -20,8 +20,6 @@ from dpsub.training.build import build_run
 
 from conftest import REPO, SYNTH, compose_cfg, run_script_in_process
 
-torch.set_num_threads(2)
-
 
 def test_wilson_interval_reference_values():
     # Wilson (1927) score interval at 95%: 50/100 -> [0.4038, 0.5962]; 9/10 -> [0.5958, 0.9821]

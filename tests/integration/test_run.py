@@ -17,8 +17,6 @@ from dpsub.training.build import build_run, train_step
 
 from conftest import SYNTH, compose_cfg
 
-torch.set_num_threads(2)
-
 
 @pytest.fixture
 def extra_mechanisms():

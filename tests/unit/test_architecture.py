@@ -274,3 +274,33 @@ def test_test_file_names_are_unique_across_the_tiers():
     """pytest imports test files by their base name (no packages): two alike collide."""
     names = [p.name for p in TESTS.glob("*/test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def _module_level_thread_calls(path: Path) -> list[int]:
+    """Lines of ``path`` that call ``torch.set_num_threads`` outside any function or class."""
+    calls = []
+    for node in ast.parse(path.read_text()).body:
+        for sub in ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) else ():
+            f = getattr(sub, "func", None)
+            if isinstance(f, ast.Attribute) and f.attr in (
+                "set_num_threads",
+                "set_num_interop_threads",
+            ):
+                calls.append(sub.lineno)
+    return calls
+
+
+def test_no_test_module_sets_torch_threads_at_import(tmp_path):
+    """conftest.py gives each xdist worker its share of the cores. A test file that set two
+    threads at import overrode it for the rest of its worker's files, and two workers then
+    ran four threads on two cores: the six files that did so took 58 s side by side
+    against 21 s without (docs/architecture.md, "Test-suite time")."""
+    found = [
+        f"{p.relative_to(REPO)}:{line}"
+        for p in sorted(TESTS.rglob("test_*.py"))
+        for line in _module_level_thread_calls(p)
+    ]
+    assert not found, f"set threads inside a test or fixture, never at import: {found}"
+    bad = tmp_path / "test_bad.py"  # the check itself can fail
+    bad.write_text("import torch\n\ntorch.set_num_threads(2)\n")
+    assert _module_level_thread_calls(bad) == [3]

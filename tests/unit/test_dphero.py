@@ -22,8 +22,6 @@ from dpsub.training.build import build_run, train_step
 
 from conftest import SYNTH, compose_cfg
 
-torch.set_num_threads(2)
-
 
 def hero_cfg(*extra):
     """SYNTH with a fixed multiplier and no budget in the way (both epsilons are logged)."""

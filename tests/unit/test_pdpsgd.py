@@ -22,8 +22,6 @@ from dpsub.training.build import build_run, train_step
 
 from conftest import SYNTH, compose_cfg, loop_grads
 
-torch.set_num_threads(2)
-
 M, K = 30, 5  # public examples, subspace dimension
 
 

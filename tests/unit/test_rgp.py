@@ -27,8 +27,6 @@ from dpsub.training.build import build_run, load_run_state, run_state, train_ste
 from conftest import SYNTH, compose_cfg
 from helpers.rgp import INF, check_ghost_carriers, rand_carriers
 
-torch.set_num_threads(2)
-
 
 class ConvNet(nn.Module):
     """Strided / padded convs with and without bias, a GroupNorm affine and a linear head."""
