@@ -20,7 +20,7 @@ demo: setup  ## DP-SGD on scikit-learn's digits (offline), prints test accuracy 
 
 # Two workers (pytest-xdist), each test file on one worker: the suite is CPU-bound and a
 # CI machine has 2 cores. PYTEST_ARGS="-n 0" runs it in one process.
-test: setup  ## the test suite (slow tests excluded), ~5 minutes on 2 idle CPU cores
+test: setup  ## the test suite (slow tests excluded), ~3 minutes on 2 idle CPU cores
 	$(UV) run --frozen pytest -m "not slow" -n 2 --dist loadfile $(PYTEST_ARGS)
 
 test-all: setup
