@@ -93,3 +93,15 @@ def test_the_ablation_compares_each_step_with_the_one_above(tmp_path):
     lines = text.splitlines()
     assert "72.00 ± 2.00" in lines[4] and "+9.00" in lines[5]  # Welch: 81 - 72
     assert "90.00 (1), +9.00 (n/a: < 2 seeds)" in lines[7]  # the student step has no runs
+
+
+def test_the_teachers_step_changes_only_the_teachers_epochs():
+    """The ablation's last step is row (b) with one change: the teachers' epochs (so a
+    new votes digest); the aggregator picks come from the same tuning setting."""
+    b = studies.PATE_SETTINGS["mnist_paper"]
+    t20 = studies.PATE_SETTINGS["mnist_paper_t20"]
+    assert set(t20.overrides) - set(b.overrides) == {"pate.teacher.epochs=20"}
+    assert set(b.overrides) <= set(t20.overrides)
+    assert (t20.grid, t20.one_ensemble, t20.compare_to) == (b.grid, True, "mnist_paper")
+    steps = [row[1] for row in studies.PATE_ABLATION]
+    assert steps[-2:] == ["mnist_paper", "mnist_paper_t20"]

@@ -426,7 +426,8 @@ def _pate_final(name: str, root: Path, e: int) -> list[RunDir]:
 
 def _pate_setting(name: str, root: Path) -> str:
     s, chosen = PATE_SETTINGS[name], pate_picks(name, root)
-    extra = " released data-dependent epsilon (smooth sensitivity) | Welch vs row (a) |"
+    row_name = {"mnist": "row (a)", "mnist_paper": "row (b)"}.get(s.compare_to, s.compare_to)
+    extra = f" released data-dependent epsilon (smooth sensitivity) | Welch vs {row_name} |"
     extra = extra if s.compare_to else ""
     lines = [
         f"### {name}", "", s.note, "",
@@ -490,7 +491,10 @@ def _pate_ablation(root: Path) -> str:
             cells.append(f"{stats.summarize(accs).text()}, {vs}")
             last[e] = accs or last.get(e, [])  # a step without runs: compare with the one above
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(["Ablation (mnist, row (a) to row (b)):", "", *lines]) + "\n"
+    return (
+        "\n".join(["Ablation (mnist, row (a) to row (b), then better teachers):", "", *lines])
+        + "\n"
+    )
 
 
 def pate(root: Path) -> str:
