@@ -333,6 +333,23 @@ def run_phase(jobs, args, hydra_ov, label: str) -> None:
         launch(pending, base / ".sweeps" / stamp, hydra_ov)
 
 
+def run_tuning(jobs, args, table, hydra_ov) -> None:
+    """Phase 1, then the jobs a tuning grid extended at an edge (``tune.extend``) adds once
+    its first points finish, round after round, all before any pick trains (a pick trained
+    before its grid was extended is wasted when the extension moves it). A job is launched
+    once per command: one that fails is not retried here."""
+    run_phase(
+        jobs, args, hydra_ov, "phase 1 (paper setting" + (" + tuning grid)" if args.tune else ")")
+    )
+    seen = {j.dir for j in jobs}
+    while args.tune:
+        new = [j for j in plan(args, table)[0] if not j.finished and j.dir not in seen]
+        if not new:
+            return
+        seen |= {j.dir for j in new}
+        run_phase(new, args, hydra_ov, "phase 1 (the tuning grid extended at an edge)")
+
+
 def write_picks(args, picks: dict) -> None:
     base = tables.setting_dir(args.out, args.table_obj, args.setting, args.extra)
     (base / "tune").mkdir(parents=True, exist_ok=True)
@@ -385,9 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         compose_all(jobs + tuned)  # every config valid before anything is written
     except ConfigError as e:
         die(str(e))
-    run_phase(
-        jobs, args, hydra_ov, "phase 1 (paper setting" + (" + tuning grid)" if args.tune else ")")
-    )
+    run_tuning(jobs, args, table, hydra_ov)
     if args.tune:
         _, tuned, picks = plan(args, table)
         write_picks(args, picks)
