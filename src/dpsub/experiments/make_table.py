@@ -66,7 +66,12 @@ def plan(table: tables.Table, args, variant: str, **kw) -> list[tables.Job]:
     if out is None or Path(out).resolve() == Path(args.runs).resolve():
         return jobs
     committed = tables.plan_jobs(table, args.setting, out, variant, extra=args.extra, **kw)
-    return [c if c.finished and not j.finished else j for j, c in zip(jobs, committed, strict=True)]
+    # matched by run directory, not by position: a tuning grid is extended only where all of
+    # a cell's points are finished, so each plan can hold jobs the other lacks (the union)
+    done = {Path(c.dir).relative_to(out): c for c in committed if c.finished}
+    rel = [Path(j.dir).relative_to(args.runs) for j in jobs]
+    merged = [j if j.finished else done.get(r, j) for j, r in zip(jobs, rel, strict=True)]
+    return merged + [c for r, c in done.items() if r not in set(rel)]
 
 
 def collect(table: tables.Table, args) -> dict[str, dict[str, list[tables.Job]]]:

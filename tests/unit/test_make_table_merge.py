@@ -1,0 +1,48 @@
+"""``make_table --runs A --out B`` takes a job finished in either folder, matched by its run
+directory: the two folders' tuning grids can be extended differently."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from dpsub.experiments import make_table, tables
+
+from helpers.tables import TINY
+
+
+def _finish(job: tables.Job, accuracy: float) -> None:
+    Path(job.dir).mkdir(parents=True, exist_ok=True)
+    (Path(job.dir) / tables.SUMMARY).write_text(json.dumps({"validation_accuracy": accuracy}))
+
+
+def _moved(job: tables.Job, src: Path, dst: Path) -> tables.Job:
+    return SimpleNamespace(dir=dst / Path(job.dir).relative_to(src))
+
+
+def test_plan_merges_runs_and_committed_by_directory(tmp_path):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY.replace("  validation_size: 100", "  validation_size: 100\n  extend: 1"))
+    table = tables.load_table(spec)
+    committed, runs = tmp_path / "committed", tmp_path / "runs"
+
+    def plan(root):
+        return tables.plan_jobs(table, "tiny", root, "tune")
+
+    first = plan(committed)  # the grid: lr 0.5 / 1.0 for each mechanism
+    for j in first:  # the best lr is the top one: the committed grid grows by lr 2.0
+        _finish(j, 50.0 + float(j.point[0]))
+    grown = plan(committed)
+    assert len(grown) == len(first) + 2
+    for j in grown:
+        _finish(j, 50.0 + float(j.point[0]))
+    _finish(_moved(first[0], committed, runs), 10.0)  # the clone re-ran one grid point only
+
+    args = SimpleNamespace(setting="tiny", runs=runs, out=committed, extra=[])
+    merged = make_table.plan(table, args, "tune")
+    names = sorted(Path(j.dir).name for j in merged)
+    assert names == sorted(Path(j.dir).name for j in grown)  # the extension is kept
+    assert all(j.finished for j in merged)
+    rerun = [j for j in merged if Path(j.dir).parent.parent.parent.parent == runs]
+    assert len(rerun) == 1  # the clone's own run wins over the committed one
