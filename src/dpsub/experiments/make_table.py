@@ -486,8 +486,13 @@ def tuning_lines(table, found, setting: str = "paper") -> list[str]:
     if edge:
         lines += [
             "",
-            f"**Picked at the edge of the lr grid** ({', '.join(edge)}): the grid was not "
-            "extended, so a better lr may lie beyond it; those cells may be under-tuned.",
+            f"**Picked at the edge of the lr grid** ({', '.join(edge)}): "
+            + (
+                f"the grid was already extended the most times allowed ({t.extend} a side)"
+                if t.extend
+                else "the grid was not extended"
+            )
+            + ", so a better lr may lie beyond it; those cells may be under-tuned.",
         ]
     return lines + [""]
 
