@@ -48,6 +48,8 @@ USAGE = {
     "uv run dpsub-train experiment=a3_gep features=efficientnet_lite0 mechanism.num_bases=113": (
         "fake_cifar10",
     ),
+    "uv run dpsub-train experiment=a3_dpsgd features=efficientnet_lite0 optim.lr=0.002 "
+    "mechanism.clip=0.1 train.max_steps=1000 train.epochs=30": ("fake_cifar10",),
     "uv run dpsub-train --cfg job dataset=cifar10 model=resnet20": (),
     "uv run dpsub-train --help": (),
     # the resume example: a run stopped early (here: after 2 steps), then resumed
