@@ -617,12 +617,12 @@ def train_hours(found) -> tuple[float, int]:
 def recorded(dest: Path, args) -> dict:
     """The provenance of the runs (commit, date, hardware, notes): the one recorded in
     ``dest/provenance.json`` when the table was first rendered, kept on re-renders (so a
-    re-render never stamps today's commit or machine over the runs'); new with --restamp."""
+    re-render never stamps today's commit or machine over the runs'); new with --restamp,
+    which keeps the recorded notes unless --note gives new ones."""
     path = dest / PROVENANCE
-    rec = json.loads(path.read_text()) if path.is_file() and not args.restamp else {}
-    if not rec:
-        rec = {**provenance(), "notes": []}
-    if args.note:
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    rec = old if old and not args.restamp else {**provenance(), "notes": old.get("notes", [])}
+    if args.note:  # the notes are replaced only by new ones, never dropped by --restamp
         rec["notes"] = list(args.note)
     return rec
 

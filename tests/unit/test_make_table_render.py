@@ -1,5 +1,5 @@
-"""``make_table --runs A --out B`` takes a job finished in either folder, matched by its run
-directory: the two folders' tuning grids can be extended differently."""
+"""make_table: the plans of --runs and --out merged by run directory (a tuning grid can be
+extended in one and not the other), and the provenance a re-render keeps."""
 
 from __future__ import annotations
 
@@ -46,3 +46,18 @@ def test_plan_merges_runs_and_committed_by_directory(tmp_path):
     assert all(j.finished for j in merged)
     rerun = [j for j in merged if Path(j.dir).parent.parent.parent.parent == runs]
     assert len(rerun) == 1  # the clone's own run wins over the committed one
+
+
+def test_restamp_keeps_the_recorded_notes_unless_new_ones_are_given(tmp_path):
+    old = {"commit": "abc1234", "date": "2026-01-01", "hardware": "x", "notes": ["made so"]}
+    (tmp_path / make_table.PROVENANCE).write_text(json.dumps(old))
+
+    def recorded(**kw):
+        return make_table.recorded(
+            tmp_path, SimpleNamespace(**{"restamp": False, "note": [], **kw})
+        )
+
+    assert recorded() == old  # a re-render keeps everything
+    stamped = recorded(restamp=True)
+    assert stamped["commit"] != "abc1234" and stamped["notes"] == ["made so"]
+    assert recorded(restamp=True, note=["new"])["notes"] == ["new"]
