@@ -370,3 +370,17 @@ def test_a_re_render_of_the_committed_runs_is_byte_identical_and_dry_run_writes_
     assert files() == before
     assert make_table.main(argv) == 0
     assert files() == before  # every file byte-identical: README, provenance, figure, runs
+
+
+def test_dry_run_counts_n_without_extracting_features(monkeypatch):
+    """A --dry-run's N (the private training set after the carve-outs) comes from the
+    images: planning a frozen-features cell never starts an extraction."""
+    import dpsub.features
+
+    def refuse(*a, **k):
+        raise AssertionError("a dry run extracted features")
+
+    monkeypatch.setattr(dpsub.features, "featurize", refuse)
+    cfg = compose_cfg("features=efficientnet_lite0", "dataset.validation_size=100")
+    n, note = costs.train_size(cfg)
+    assert note == "" and n == 1797 - 360 - 100  # digits, its test split and validation out

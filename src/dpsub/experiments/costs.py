@@ -113,10 +113,11 @@ def train_size(cfg: DictConfig) -> tuple[int | None, str]:
     carve-outs. Without the data, N from the release's published size and a note that says
     so, else (None, the one-line reason)."""
     from dpsub.config import validate
-    from dpsub.training.build import private_data
+    from dpsub.training.build import load_images, private_data
 
     try:
-        _, data = private_data(validate(cfg))  # what build_run trains on
+        s = validate(cfg)  # what build_run trains on, without extracting any features (N
+        _, data = private_data(s, data=load_images(s))  # does not depend on them)
         return int(data.train_y.shape[0]), ""
     except DataError as e:
         c = OmegaConf.to_container(cfg, resolve=True)

@@ -116,7 +116,7 @@ def load_data(cfg: Settings | DictConfig) -> DatasetBundle:
     raw = cfg.cfg if isinstance(cfg, Settings) else cfg
     f = raw.get("features")
     if f is None or f.name == "none":
-        return _load_images(cfg)
+        return load_images(cfg)
     # the jobs of one sweep process that use the same data share the bundle in memory
     # (nothing downstream writes into it)
     from dpsub.features import featurize
@@ -129,11 +129,11 @@ def load_data(cfg: Settings | DictConfig) -> DatasetBundle:
         _FEATURES_MEMO.clear()
         counter = partial(Counter, enabled=bool(raw.get("train", {}).get("progress", True)))
         download = bool(raw.data.get("download", False))
-        _FEATURES_MEMO[key] = featurize(_load_images(cfg), opts, raw.data.root, download, counter)
+        _FEATURES_MEMO[key] = featurize(load_images(cfg), opts, raw.data.root, download, counter)
     return _FEATURES_MEMO[key]
 
 
-def _load_images(cfg: Settings | DictConfig) -> DatasetBundle:
+def load_images(cfg: Settings | DictConfig) -> DatasetBundle:
     """The dataset of ``cfg`` (Settings, or any config with ``dataset``, ``data`` and
     ``seed``: the PATE one), before auxiliary or validation examples are taken from it."""
     d, data = (
