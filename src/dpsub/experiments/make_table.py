@@ -71,7 +71,8 @@ def plan(table: tables.Table, args, variant: str, **kw) -> list[tables.Job]:
     done = {Path(c.dir).relative_to(out): c for c in committed if c.finished}
     rel = [Path(j.dir).relative_to(args.runs) for j in jobs]
     merged = [j if j.finished else done.get(r, j) for j, r in zip(jobs, rel, strict=True)]
-    return merged + [c for r, c in done.items() if r not in set(rel)]
+    planned = set(rel)
+    return merged + [c for r, c in done.items() if r not in planned]
 
 
 def collect(table: tables.Table, args) -> dict[str, dict[str, list[tables.Job]]]:
