@@ -143,9 +143,26 @@ def split_quota(sizes: list[int], k: int, cap: list[int] | None = None) -> list[
         ValueError: ``k < 0``, a non-positive size, a negative cap, ``len(cap) !=
             len(sizes)``, or ``k`` larger than the sum of the caps.
     """
-    sizes = [int(s) for s in sizes]
+    sizes, k = [int(s) for s in sizes], int(k)
+    caps = _checked_caps(sizes, k, cap)
+    weights = [math.sqrt(s) for s in sizes]
+    alloc, active, shares = _water_fill(weights, caps, k)
+    if active:
+        _round_largest_remainder(alloc, active, shares, weights, caps, k - sum(alloc))
+    if k >= len(sizes):  # at least one vector per group when there are enough to go around
+        for j in range(len(sizes)):
+            if alloc[j] == 0 and caps[j] > 0:
+                donor = max((i for i in range(len(sizes)) if alloc[i] > 1),
+                            key=lambda i: (alloc[i], -i))  # fmt: skip
+                alloc[donor] -= 1
+                alloc[j] = 1
+    assert sum(alloc) == k and all(0 <= a <= c for a, c in zip(alloc, caps, strict=True))
+    return alloc
+
+
+def _checked_caps(sizes: list[int], k: int, cap: list[int] | None) -> list[int]:
+    """The per-group caps (default: the sizes), after split_quota's argument checks."""
     n = len(sizes)
-    k = int(k)
     if k < 0:
         raise ValueError(f"number of basis vectors k must be >= 0, got {k}")
     if any(s <= 0 for s in sizes):
@@ -161,15 +178,15 @@ def split_quota(sizes: list[int], k: int, cap: list[int] | None = None) -> list[
             f"(caps {caps}: a group cannot have more orthonormal directions than its size "
             "or than the number of anchor gradients); lower k or use more anchors"
         )
-    if n == 0:
-        return []
+    return caps
 
-    weights = [math.sqrt(s) for s in sizes]
-    alloc = [0] * n
-    active = [j for j in range(n) if caps[j] > 0]
-    remaining = k
-    # Water-filling: groups whose ideal share reaches the cap are fixed at the cap and
-    # the rest of the quota is re-split among the others.
+
+def _water_fill(weights: list[float], caps: list[int], k: int):
+    """Groups whose ideal share of what remains reaches their cap are fixed at the cap and
+    the rest is re-split among the others: (alloc, the uncapped groups, their real shares)."""
+    alloc = [0] * len(weights)
+    active = [j for j in range(len(weights)) if caps[j] > 0]
+    remaining, shares = k, {}
     while active:
         total_w = sum(weights[j] for j in active)
         shares = {j: remaining * weights[j] / total_w for j in active}
@@ -180,28 +197,22 @@ def split_quota(sizes: list[int], k: int, cap: list[int] | None = None) -> list[
             alloc[j] = caps[j]
             remaining -= caps[j]
         active = [j for j in active if j not in capped]
-    if active:
-        floors = {j: min(int(math.floor(round(shares[j], 9))), caps[j]) for j in active}
-        for j in active:
-            alloc[j] = floors[j]
-        leftover = remaining - sum(floors.values())
-        # Largest remainder first; ties: larger group, then earlier group.
-        order = sorted(active, key=lambda j: (-(shares[j] - floors[j]), -weights[j], j))
-        for j in order:
-            if leftover <= 0:
-                break
-            if alloc[j] < caps[j]:
-                alloc[j] += 1
-                leftover -= 1
-        if leftover:  # cannot happen (shares < caps), kept as a guard
-            raise AssertionError("largest-remainder rounding failed to place the quota")
+    return alloc, active, shares
 
-    # At least one vector per group when there are enough to go around.
-    if k >= n:
-        for j in range(n):
-            if alloc[j] == 0 and caps[j] > 0:
-                donor = max((i for i in range(n) if alloc[i] > 1), key=lambda i: (alloc[i], -i))
-                alloc[donor] -= 1
-                alloc[j] = 1
-    assert sum(alloc) == k and all(0 <= a <= c for a, c in zip(alloc, caps, strict=True))
-    return alloc
+
+def _round_largest_remainder(alloc, active, shares, weights, caps, remaining: int) -> None:
+    """Integer shares of ``remaining`` over ``active`` (in place): floors, then one more each
+    by largest remainder (ties: larger group, then earlier group)."""
+    floors = {j: min(int(math.floor(round(shares[j], 9))), caps[j]) for j in active}
+    for j in active:
+        alloc[j] = floors[j]
+    leftover = remaining - sum(floors.values())
+    order = sorted(active, key=lambda j: (-(shares[j] - floors[j]), -weights[j], j))
+    for j in order:
+        if leftover <= 0:
+            break
+        if alloc[j] < caps[j]:
+            alloc[j] += 1
+            leftover -= 1
+    if leftover:  # cannot happen (shares < caps), kept as a guard
+        raise AssertionError("largest-remainder rounding failed to place the quota")

@@ -571,6 +571,16 @@ def _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval) -> 
         acc, loss = final_eval
     with released(run):
         mia = membership_inference(run, logger)
+    logger.summary(_summary(run, eps, acc, loss, stopped_by_budget, mia))
+    logger.close()
+    _log_final_line(run, run_dir, eps, acc)
+    return RunResult(run.step, eps["epsilon"], p.delta, run.z, acc, loss, run_dir,
+                     stopped_by_budget, eps.get("epsilon_nominal"))  # fmt: skip
+
+
+def _summary(run, eps: dict, acc, loss, stopped_by_budget: bool, mia: dict) -> dict:
+    """summary.json's record of a finished run (its privacy, result and timing)."""
+    p = run.settings.privacy
     summary = {
         "steps": run.step,
         "planned_steps": run.total_steps,
@@ -590,8 +600,12 @@ def _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval) -> 
         **run_timing(run),
     }
     summary["not_covered_statistics"] = not_covered_statistics(summary)
-    logger.summary(summary)
-    logger.close()
+    return summary
+
+
+def _log_final_line(run, run_dir, eps: dict, acc) -> None:
+    """train.log's final line: accuracy, epsilon (nominal, simulated), steps, speed."""
+    p = run.settings.privacy
     e = eps["epsilon"]
     eps_txt = "inf (non-private)" if not math.isfinite(e) else f"{e:.4f}"
     if "epsilon_nominal" in eps:
@@ -612,15 +626,4 @@ def _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval) -> 
         run.step,
         run.z,
         run_dir,
-    )
-    return RunResult(
-        run.step,
-        e,
-        p.delta,
-        run.z,
-        acc,
-        loss,
-        run_dir,
-        stopped_by_budget,
-        eps.get("epsilon_nominal"),
     )
