@@ -76,34 +76,37 @@ def group_parameters(layout: ParamLayout, scheme: str, num_groups: int = 3) -> l
         raise ValueError(
             f"mechanism.grouping must be one of {', '.join(GROUPING_SCHEMES)}; got {scheme!r}"
         )
-    p = layout.dim
-    if p == 0:
+    if layout.dim == 0:
         raise ValueError("cannot group parameters: the layout has no trainable parameters")
-
     if scheme == "flat":
-        return [Group("all", 0, p)]
-
+        return [Group("all", 0, layout.dim)]
     if scheme == "tensors":
         return [
             Group(n, o, o + k)
             for n, o, k in zip(layout.names, layout.offsets, layout.numels, strict=True)
         ]
-
     if scheme == "chunks":
-        num_groups = int(num_groups)
-        if not 1 <= num_groups <= p:
-            raise ValueError(
-                f"mechanism.num_groups must be in [1, {p}] for grouping 'chunks', got {num_groups}"
-            )
-        base, extra = divmod(p, num_groups)
-        groups, start = [], 0
-        for j in range(num_groups):
-            size = base + (1 if j < extra else 0)
-            groups.append(Group(f"chunk{j}", start, start + size))
-            start += size
-        return groups
+        return _chunks(layout.dim, int(num_groups))
+    return _stages(layout)
 
-    # "stages": one group per top-level module, i.e. per first component of the name.
+
+def _chunks(p: int, num_groups: int) -> list[Group]:
+    """``num_groups`` contiguous chunks of near-equal size (the first ones one larger)."""
+    if not 1 <= num_groups <= p:
+        raise ValueError(
+            f"mechanism.num_groups must be in [1, {p}] for grouping 'chunks', got {num_groups}"
+        )
+    base, extra = divmod(p, num_groups)
+    groups, start = [], 0
+    for j in range(num_groups):
+        size = base + (1 if j < extra else 0)
+        groups.append(Group(f"chunk{j}", start, start + size))
+        start += size
+    return groups
+
+
+def _stages(layout: ParamLayout) -> list[Group]:
+    """One group per top-level module, i.e. per first component of the parameter name."""
     groups: list[Group] = []
     seen: set[str] = set()
     for name, off, k in zip(layout.names, layout.offsets, layout.numels, strict=True):
