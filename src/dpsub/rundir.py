@@ -23,6 +23,7 @@ import functools
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -232,6 +233,21 @@ class RunDir:
                 total += (row["step"] - last) / row["steps_per_s"]
                 last = row["step"]
         return total
+
+    def device_type(self) -> str:
+        """The device type the run trained on ("cpu", "cuda", ...): summary.json's
+        ``device``, else train.log's device line (runs made before the summary had it), else
+        "cpu" (the runs older than the log line ran on this project's CPU)."""
+        if self.summary_path.is_file():
+            device = json.loads(self.summary_path.read_text()).get("device")
+            if device:
+                return str(device)
+        log = self.path / LOG
+        if log.is_file():
+            found = re.search(r"\] device +([a-z]+)", log.read_text(errors="replace"))
+            if found:
+                return found.group(1)
+        return "cpu"
 
     # ------------------------------------------------------------- copying
     def copy_small_files(self, dest: Path | RunDir) -> RunDir:

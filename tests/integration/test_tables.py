@@ -232,6 +232,25 @@ def test_timing_key_ignores_what_does_not_change_a_steps_cost():
     assert other not in keys
 
 
+def test_recorded_step_times_come_from_cpu_runs_only(tmp_path):
+    """A GPU run's steps_per_s is no CPU step time (sim-eps2's CPU estimate once read an H100
+    run's 0.10 s a step for a 5.6 s CPU step): only runs whose summary or log says cpu count."""
+    cfg = compose_cfg("experiment=dpsgd_mnist")
+    key = costs.timing_key(cfg)
+    for name, rate, device, where in [("a", 2.0, "cpu", "summary"), ("b", 100.0, "cuda", "log"),
+                                      ("c", 50.0, "cuda", "summary"), ("d", 4.0, None, None)]:
+        d = tmp_path / name
+        d.mkdir()
+        OmegaConf.save(cfg, d / "config.yaml")
+        summary = {"steps_per_s": rate, **({"device": device} if where == "summary" else {})}
+        (d / "summary.json").write_text(json.dumps(summary))
+        (d / "metrics.jsonl").write_text("")
+        if where == "log":
+            (d / "train.log").write_text(f"[17:41:28][INFO] device           {device}:0 (world size 1)\n")
+    # a (0.5 s) and d (0.25 s: no device recorded, an old CPU run); b and c are GPU runs
+    assert costs.recorded_step_times([tmp_path], {key}) == {key: pytest.approx(0.375)}
+
+
 def test_make_table_help_stops_after_the_help_and_the_default_setting_agrees():
     """`make table ARGS=--help` prints reproduce.py's help and renders nothing (it used to fail
     in make_table.py); `make table`, reproduce.py and make_table.py share one default setting."""

@@ -129,15 +129,15 @@ def train_size(cfg: DictConfig) -> tuple[int | None, str]:
 
 
 def recorded_step_times(roots: list[Path], want: set[str]) -> dict[str, float]:
-    """timing key (of ``want``) -> seconds per step measured by finished runs under
+    """timing key (of ``want``) -> seconds per step measured by finished CPU runs under
     ``roots`` (their summary.json's run-average steps_per_s, or older runs' per-window ones
-    in metrics.jsonl, median over runs)."""
+    in metrics.jsonl, median over runs). A GPU run's rate is not a CPU step time: skipped."""
     seen: dict[str, list[float]] = {}
     for root in roots:
         for run in runs.find_runs(root) if Path(root).is_dir() else []:
             try:
                 key = timing_key(run.config_dict())
-                if key not in want:
+                if key not in want or run.device_type() != "cpu":
                     continue
                 rates = [r["steps_per_s"] for r in run.metrics() if r.get("steps_per_s")]
                 if run.summary_path.is_file():  # newer runs: the run average only

@@ -579,7 +579,7 @@ def _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval) -> 
 
 
 def _summary(run, eps: dict, acc, loss, stopped_by_budget: bool, mia: dict) -> dict:
-    """summary.json's record of a finished run (its privacy, result and timing)."""
+    """The summary record of a finished run (its privacy, result and timing)."""
     p = run.settings.privacy
     summary = {
         "steps": run.step,
@@ -595,6 +595,7 @@ def _summary(run, eps: dict, acc, loss, stopped_by_budget: bool, mia: dict) -> d
         "stopped_by_budget": stopped_by_budget,
         "covered_by_epsilon": not run.uncovered,
         "not_covered": list(run.uncovered),
+        "device": run.device.type,
         **_simulated_summary(run),
         **mia,
         **run_timing(run),
@@ -604,7 +605,7 @@ def _summary(run, eps: dict, acc, loss, stopped_by_budget: bool, mia: dict) -> d
 
 
 def _log_final_line(run, run_dir, eps: dict, acc) -> None:
-    """train.log's final line: accuracy, epsilon (nominal, simulated), steps, speed."""
+    """The log's final line: accuracy, epsilon (nominal, simulated), steps, speed."""
     p = run.settings.privacy
     e = eps["epsilon"]
     eps_txt = "inf (non-private)" if not math.isfinite(e) else f"{e:.4f}"
