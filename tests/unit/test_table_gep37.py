@@ -44,16 +44,17 @@ def test_sim_eps2_grids_differ_per_mechanism_and_extend_by_their_own_ratio(tmp_p
     assert sorted({j.point[0] for j in grown}) == [0.25, 0.5, 1.0, 2.0, 4.0]
 
 
-def test_sim_eps2_runs_gp_at_the_papers_batch_without_simulation(tmp_path):
-    # stage0 rejected the noise-matched simulation for GP: its arm runs at B = 1,000, for real
+def test_sim_eps2_runs_both_arms_at_the_papers_batch_without_simulation(tmp_path):
+    # stage0 rejected the noise-matched simulation for GP and for GEP (B = 128, 256, 512): both
+    # arms run at B = 1,000 with their own epsilon-2 noise, for real
     t = tables.load_table("gep1-cifar10")
     jobs = tables.plan_jobs(t, "sim-eps2", tmp_path, "tune")
-    gp = [j for j in jobs if j.cell["mechanism"] == "dpsgd"][0].overrides
-    gep = [j for j in jobs if j.cell["mechanism"] == "gep"][0].overrides
     last = lambda ovs, key: [o for o in ovs if o.startswith(key + "=")][-1]  # noqa: E731
-    assert last(gp, "train.batch_size") == "train.batch_size=1000"
-    assert last(gp, "privacy.simulate.batch_size") == "privacy.simulate.batch_size=null"
-    assert last(gep, "privacy.simulate.batch_size") == "privacy.simulate.batch_size=1000"
+    for mech in ("dpsgd", "gep"):
+        ovs = [j for j in jobs if j.cell["mechanism"] == mech][0].overrides
+        assert last(ovs, "train.batch_size") == "train.batch_size=1000"
+        assert last(ovs, "privacy.simulate.batch_size") == "privacy.simulate.batch_size=null"
+        assert last(ovs, "privacy.simulate.dataset_size") == "privacy.simulate.dataset_size=null"
 
 
 BASE = """\
