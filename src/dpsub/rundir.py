@@ -238,10 +238,9 @@ class RunDir:
         """The device type the run trained on ("cpu", "cuda", ...): summary.json's
         ``device``, else train.log's device line (runs made before the summary had it), else
         "cpu" (the runs older than the log line ran on this project's CPU)."""
-        if self.summary_path.is_file():
-            device = json.loads(self.summary_path.read_text()).get("device")
-            if device:
-                return str(device)
+        device = self.summary().get("device") if self.finished else None
+        if device:
+            return str(device)
         log = self.path / LOG
         if log.is_file():
             found = re.search(r"\] device +([a-z]+)", log.read_text(errors="replace"))

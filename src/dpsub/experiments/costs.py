@@ -140,8 +140,8 @@ def recorded_step_times(roots: list[Path], want: set[str]) -> dict[str, float]:
                 if key not in want or run.device_type() != "cpu":
                     continue
                 rates = [r["steps_per_s"] for r in run.metrics() if r.get("steps_per_s")]
-                if run.summary_path.is_file():  # newer runs: the run average only
-                    rates += [json.loads(run.summary_path.read_text()).get("steps_per_s") or 0]
+                if run.finished:  # newer runs: the run average only
+                    rates += [run.summary().get("steps_per_s") or 0]
                 rates = [r for r in rates if r]
             except Exception:  # noqa: BLE001 -- an old run's config may not compose: skip it
                 continue
