@@ -117,3 +117,52 @@ def test_the_scaling_check_accepts_a_reference_inside_the_widened_spread(tmp_pat
     assert "**accepted**" in runs(0.52 + 0.9 * w)
     text = runs(0.52 + 1.1 * w)
     assert "**rejected**" in text and "| 200 |" in text and "**no**" in text
+
+
+COMPARED = """\
+title: Attribution
+metric: test_accuracy
+layout: {rows: mechanism, columns: epsilon}
+experiment: demo
+axes: {mechanism: [dpsgd, gep], epsilon: [2]}
+seeds: [0, 1, 2]
+paper: [{mechanism: dpsgd, epsilon: 2, value: 50}]
+settings:
+  long: {note: the reduced setting}
+  attr:
+    axes: {mechanism: [gep]}
+    compare: [{setting: long, variant: paper, cell: {mechanism: dpsgd}}]
+"""
+
+
+def test_a_setting_is_welch_tested_against_the_rows_of_another(tmp_path):
+    """``compare``: each row against the other setting's row at the same epsilon."""
+    make_table = load_script("make_table")
+    spec = tmp_path / "t.yaml"
+    spec.write_text(COMPARED)
+    table = tables.load_table(spec)
+    accs = {("long", "dpsgd"): [0.40, 0.42, 0.41], ("long", "gep"): [0.1, 0.1, 0.1],
+            ("attr", "gep"): [0.30, 0.31, 0.29]}  # fmt: skip
+    for (setting, mech), values in accs.items():
+        for seed, acc in enumerate(values):
+            d = tables.setting_dir(tmp_path, table, setting, []) / "paper"
+            d = d / f"mechanism={mech},epsilon=2,seed={seed}"
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text(json.dumps({"test_accuracy": acc}))
+    args = SimpleNamespace(setting="attr", extra=[], runs=tmp_path)
+    found = make_table.collect(table, args)
+    (row,) = [r for r in make_table.compare_lines(table, args, found, "attr") if "| gep, 2 |" in r]
+    assert "`long` dpsgd (paper)" in row and "| -11.00 |" in row and "not significant" not in row
+
+
+def test_a_comparison_names_another_setting_and_a_test_set_variant(tmp_path):
+    spec = tmp_path / "t.yaml"
+    for bad in ("setting: nope", "variant: tune", "cell: {mechanism: rgp}"):
+        key = bad.split(":")[0]
+        ref = {"setting": "setting: long", "variant": "variant: paper",
+               "cell": "cell: {mechanism: dpsgd}"}  # fmt: skip
+        ref[key] = bad
+        spec.write_text(COMPARED.replace(
+            "{setting: long, variant: paper, cell: {mechanism: dpsgd}}", "{" + ", ".join(ref.values()) + "}"))
+        with pytest.raises(ConfigError, match="settings.attr.compare"):
+            tables.load_table(spec)

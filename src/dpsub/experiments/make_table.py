@@ -342,6 +342,43 @@ def check_lines(table, found, setting: str) -> list[str]:
     return [*out, "", *[f"- {v}" for v in verdicts], ""]
 
 
+def compare_lines(table, args, found, setting: str) -> list[str]:
+    """The setting's rows against rows of other settings (``compare``), one Welch test each:
+    a reference takes the row's values of the axes its ``cell`` does not name."""
+    refs = table.setting(setting).compare
+    if not refs:
+        return []
+    out = [f"**Against other settings** (Welch, {stats.ALPHA}; Δ = this row minus the "
+           "reference):", "", "| row | this setting | reference | reference value | Δ | p |",
+           "|---|---:|---|---:|---:|---:|"]  # fmt: skip
+    for ref in refs:
+        other = collect(table, argparse.Namespace(**{**vars(args), "setting": ref["setting"]}))
+        ref_axes = table.axes_of(ref["setting"])
+        for variant in ("paper", "tuned"):
+            for cell in table.cells(setting):
+                vals = cell_values(table, found, variant, cell)
+                if not vals:
+                    continue
+                rcell = {a: ref["cell"].get(a, cell.get(a)) for a in ref_axes}
+                name = ", ".join(table.label(a, rcell[a]) for a in row_axes(table, ref["setting"]))
+                rlabel = f"`{ref['setting']}` {name} ({ref['variant']})"
+                out.append(compare_row(table, cell, setting, vals,
+                                       cell_values(table, other, ref["variant"], rcell), rlabel))  # fmt: skip
+    return [*out, ""]
+
+
+def compare_row(table, cell, setting: str, vals: list, ref_vals: list, rlabel: str) -> str:
+    """One row of "Against other settings"."""
+    label = ", ".join(table.label(a, cell[a]) for a in table.axes_of(setting))
+    c = stats.compare(ref_vals, vals)
+    if c.mark == "n/a":
+        p = "n/a (< 2 seeds)"
+    else:
+        p = f"{c.p:.2g}" + ("" if c.significant else " (**not significant**)")
+    return (f"| {label} | {stats.summarize(vals).text()} | {rlabel} | "
+            f"{stats.summarize(ref_vals).text()} | {c.diff:+.2f} | {p} |")  # fmt: skip
+
+
 def check_row(label: str, ref: dict, curves: list[dict], chk: dict) -> tuple[list[str], str]:
     """One row's lines of the scaling check and its verdict."""
     rows, inside = [], []
@@ -709,6 +746,7 @@ def readme(table, args, found, rec: dict, figs: list[Path], proj: dict) -> str:
         + tuned_note(found)
         + verdict_lines(table, found, args.setting)
         + check_lines(table, found, args.setting)
+        + compare_lines(table, args, found, args.setting)
     )
     lines += [f"![{f.stem}]({f.name})" for f in figs] + [""]
     if proj:

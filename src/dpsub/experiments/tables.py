@@ -85,6 +85,9 @@ class Setting:
     metric: str | None = None  # the summary key its table reports (default: the table's)
     #: a scaling check rendered under the table: {axis, reference, steps, n} (make_table.py)
     check: dict | None = None
+    #: rows of other settings this setting's rows are Welch-tested against, each
+    #: {setting, variant, cell: {axis: value}} (make_table.py, "Against other settings")
+    compare: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -274,6 +277,8 @@ def _parse(path: Path, raw: dict) -> Table:
         sname: _parse_setting(path, sname, s, axes, labels)
         for sname, s in (raw.get("settings") or {}).items()
     }
+    for sname, s in settings.items():
+        _check_compare(f"{path}: settings.{sname}.compare", s.compare, settings, axes)
     tune = _parse_tune(path, "tune", raw.get("tune"))
     paper = _need(path, raw, "paper", list)
     for i, entry in enumerate(paper):
@@ -290,7 +295,7 @@ def _parse(path: Path, raw: dict) -> Table:
 
 
 SETTING_KEYS = {"note", "overrides", "axes", "seeds", "axis_overrides", "tune", "simulated",
-                "metric", "labels", "check"}  # fmt: skip
+                "metric", "labels", "check", "compare"}  # fmt: skip
 
 
 def _parse_setting(path: Path, name: str, s: dict, axes: dict, labels: dict) -> Setting:
@@ -317,6 +322,7 @@ def _parse_setting(path: Path, name: str, s: dict, axes: dict, labels: dict) -> 
         name, s.get("note", ""), s.get("overrides", []), s.get("axes", {}), s.get("seeds"),
         s.get("axis_overrides", {}), _parse_tune(path, f"settings.{name}.tune", s.get("tune")),
         bool(s.get("simulated", False)), s.get("metric"), s.get("check"),
+        list(s.get("compare") or []),
     )  # fmt: skip
 
 
@@ -329,6 +335,24 @@ def _check_check(key: str, check: dict | None, axes: dict) -> None:
           and check["reference"] in axes.get(check["axis"], []))  # fmt: skip
     if not ok:
         raise ConfigError(f"{key}.check: {{axis, reference (one of its values), steps, n}}")
+
+
+def _check_compare(key: str, compare: list, settings: dict, axes: dict) -> None:
+    """``compare: [{setting, variant, cell}]``: another setting of the table, a variant with
+    test-set cells (paper or tuned), and values of that setting's axes replacing the row's."""
+    for i, ref in enumerate(compare):
+        ok = isinstance(ref, dict) and set(ref) == {"setting", "variant", "cell"}
+        other = settings.get(ref.get("setting")) if ok else None
+        if ok and ref["setting"] == "paper":
+            other = Setting("paper")
+        ok = ok and other is not None and ref["variant"] in ("paper", "tuned")
+        ref_axes = {**axes, **other.axes} if ok else {}
+        ok = ok and isinstance(ref["cell"], dict) and all(
+            v in ref_axes.get(a, []) for a, v in ref["cell"].items()
+        )
+        if not ok:
+            raise ConfigError(f"{key}[{i}]: {{setting (another of the table's), variant (paper "
+                              "or tuned), cell (values of that setting's axes)}}")  # fmt: skip
 
 
 def _check_simulated(path: Path, name: str, raw: dict) -> None:
