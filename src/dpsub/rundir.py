@@ -77,6 +77,8 @@ NOT_COVERED_STATISTICS = {
     "run_seconds": "wall time of the training loops: grows with the number of private "
     "examples the Poisson samples drew, no noise",
     "steps_per_s": "steps / run_seconds",
+    "cpu_seconds": "CPU time of the training loops: grows with the number of private examples "
+    "the Poisson samples drew, no noise",
     "private/": "computed from the private training set without noise (not_covered says why)",
     "epsilon_data_dependent": "PATE: computed from the teachers' unnoised votes",
 }

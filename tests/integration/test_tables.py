@@ -249,6 +249,10 @@ def test_recorded_step_times_come_from_cpu_runs_only(tmp_path):
             (d / "train.log").write_text(f"[17:41:28][INFO] device           {device}:0 (world size 1)\n")
     # a (0.5 s) and d (0.25 s: no device recorded, an old CPU run); b and c are GPU runs
     assert costs.recorded_step_times([tmp_path], {key}) == {key: pytest.approx(0.375)}
+    # CPU seconds per step where recorded: a lane paused for hours (wall 1 step/s) costs 0.1 s
+    (tmp_path / "d" / "summary.json").write_text(
+        json.dumps({"steps_per_s": 1.0, "steps": 40, "cpu_seconds": 4.0}))
+    assert costs.recorded_step_times([tmp_path], {key}) == {key: pytest.approx(0.3)}
 
 
 def test_make_table_help_stops_after_the_help_and_the_default_setting_agrees():

@@ -130,8 +130,9 @@ def train_size(cfg: DictConfig) -> tuple[int | None, str]:
 
 def recorded_step_times(roots: list[Path], want: set[str]) -> dict[str, float]:
     """timing key (of ``want``) -> seconds per step measured by finished CPU runs under
-    ``roots`` (their summary.json's run-average steps_per_s, or older runs' per-window ones
-    in metrics.jsonl, median over runs). A GPU run's rate is not a CPU step time: skipped."""
+    ``roots`` (their summary.json's cpu_seconds per step, which a paused or core-starved
+    run does not inflate, else its run-average steps_per_s, or older runs' per-window ones
+    in metrics.jsonl; median over runs). A GPU run's rate is not a CPU step time: skipped."""
     seen: dict[str, list[float]] = {}
     for root in roots:
         for run in runs.find_runs(root) if Path(root).is_dir() else []:
@@ -139,15 +140,24 @@ def recorded_step_times(roots: list[Path], want: set[str]) -> dict[str, float]:
                 key = timing_key(run.config_dict())
                 if key not in want or run.device_type() != "cpu":
                     continue
-                rates = [r["steps_per_s"] for r in run.metrics() if r.get("steps_per_s")]
-                if run.finished:  # newer runs: the run average only
-                    rates += [run.summary().get("steps_per_s") or 0]
+                rates = cpu_rate(run)
+                if not rates:
+                    rates = [r["steps_per_s"] for r in run.metrics() if r.get("steps_per_s")]
+                    if run.finished:  # newer runs: the run average only
+                        rates += [run.summary().get("steps_per_s") or 0]
                 rates = [r for r in rates if r]
             except Exception:  # noqa: BLE001 -- an old run's config may not compose: skip it
                 continue
             if rates:
                 seen.setdefault(key, []).append(1 / statistics.median(rates))
     return {k: statistics.median(v) for k, v in seen.items()}
+
+
+def cpu_rate(run) -> list[float]:
+    """[steps per CPU second] of a finished run whose summary records cpu_seconds, else []."""
+    s = run.summary() if run.finished else {}
+    cpu, steps = s.get("cpu_seconds"), s.get("steps")
+    return [steps / cpu] if cpu and steps else []
 
 
 @dataclass

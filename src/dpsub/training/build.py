@@ -76,6 +76,9 @@ class Run:
     #: why some output of the run is not covered by its epsilon (sticky: kept in checkpoints)
     uncovered: list[str] = field(default_factory=list)
     run_seconds: float = 0.0  # wall time of the training loops so far (checkpointed)
+    #: the process's CPU time over the same loops (checkpointed): unlike run_seconds it does
+    #: not grow while the process is paused or waits for a core another process holds
+    cpu_seconds: float = 0.0
     ema: EMA | None = None  # train.ema: the averaged weights evaluated and saved
 
     @property
@@ -377,6 +380,7 @@ def run_state(run: Run) -> dict:
         "secure": run.secure,
         "uncovered": list(run.uncovered),
         "run_seconds": run.run_seconds,
+        "cpu_seconds": run.cpu_seconds,
         **({"ema": run.ema.state_dict()} if run.ema is not None else {}),
     }
 
@@ -396,6 +400,7 @@ def load_run_state(run: Run, state: dict) -> None:
     run.step = int(state["step"])
     run.uncovered = list(state.get("uncovered", []))
     run.run_seconds = float(state.get("run_seconds", 0.0))
+    run.cpu_seconds = float(state.get("cpu_seconds", 0.0))
     if run.ema is not None:
         run.ema.load_state_dict(state["ema"])
 

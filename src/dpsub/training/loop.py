@@ -402,14 +402,16 @@ def _warn_not_covered(run: Run, private: bool) -> None:
 
 
 class _Saver:
-    """The loop's wall time (summed over a run's processes) and its checkpoints."""
+    """The loop's wall and CPU time (summed over a run's processes) and its checkpoints."""
 
     def __init__(self, run: Run, run_dir: Path, resolved: dict):
         self.run, self.run_dir, self.resolved = run, run_dir, resolved
         self.start, self.seconds_before = time.perf_counter(), run.run_seconds
+        self.cpu_start, self.cpu_before = time.process_time(), run.cpu_seconds
 
     def tick(self) -> None:
         self.run.run_seconds = self.seconds_before + time.perf_counter() - self.start
+        self.run.cpu_seconds = self.cpu_before + time.process_time() - self.cpu_start
 
     def __call__(self, clean: bool = False) -> None:  # clean: no step runs after it (stop, end)
         run = self.run
@@ -549,7 +551,8 @@ def run_timing(run: Run) -> dict[str, float]:
     """Run-average throughput (none in secure mode: timing tracks the private batch sizes)."""
     if run.secure or run.run_seconds <= 0:
         return {}
-    return {"run_seconds": run.run_seconds, "steps_per_s": run.step / run.run_seconds}
+    return {"run_seconds": run.run_seconds, "steps_per_s": run.step / run.run_seconds,
+            "cpu_seconds": run.cpu_seconds}  # fmt: skip
 
 
 def _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval) -> RunResult:
