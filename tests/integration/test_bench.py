@@ -175,6 +175,15 @@ def test_variants_add_rows_with_their_own_options(bench, tmp_path):
         bench.parse_variant("dpsgd")
 
 
+def test_a_dotted_variant_key_overrides_the_config_not_the_mechanism(bench):
+    """``dpsgd@ghost:train.augmult=4`` times K = 4 views; the mechanism's options stay."""
+    args = bench.build_parser().parse_args(["--batch-size", "8"])
+    mech, options = bench.parse_variant("dpsgd:train.augmult=4,clip=2")
+    ov = bench.run_overrides("mnist_cnn", mech, "ghost", options, args)
+    assert "train.augmult=4" in ov and "mechanism.clip=2" in ov
+    assert ov.index("train.augmult=4") > ov.index("train.batch_size=8")
+
+
 #: a 1-minute load just above 1 per core (refused; exactly 1 per core passes)
 OVER = os.cpu_count() + 0.5
 

@@ -29,7 +29,9 @@ Usage::
 
 ``--set KEY=VALUE`` sets ``mechanism.KEY`` for every mechanism declaring KEY, ``--set
 MECH.KEY=VALUE`` only for MECH; ``--variant MECH:KEY=VALUE,...`` adds one more row of
-MECH with those options (e.g. GEP at two subspace cadences in one interleaved run);
+MECH with those options (e.g. GEP at two subspace cadences in one interleaved run; a
+dotted KEY is a whole-config override, e.g. ``dpsgd@ghost:train.augmult=4`` times K = 4
+views per example beside K = 1);
 ``MECH@BACKEND:...`` gives that row its own backend; ``--override`` passes any Hydra
 override to every run. ``--peers`` adds other frameworks' private steps (Opacus, the GEP
 authors' code, fastDP): :mod:`dpsub.experiments.bench.peers`, docs/speed.md.
@@ -156,6 +158,9 @@ def run_overrides(model: str, mech: str, backend: str, options: dict, args) -> l
     if mech in SPECS and SPECS[mech].needs_aux:
         ov += ["aux=gaussian", f"aux.num_samples={args.aux_size}", "aux.labels=random_once"]
     for key, value in options.items():
+        if "." in key:  # a whole-config key (train.augmult=4): after the defaults above
+            ov.append(f"{key}={json.dumps(value)}")
+            continue
         prefix = "" if (has_yaml and key in declared) else "+"
         ov.append(f"{prefix}mechanism.{key}={json.dumps(value)}")
     return ov + list(args.override)
@@ -434,11 +439,12 @@ def ratios(records: list[dict]) -> list[dict]:
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
-    """``MECH:KEY=VALUE,KEY=VALUE`` -> (MECH, {KEY: value}) (values YAML-typed)."""
+    """``MECH:KEY=VALUE,KEY=VALUE`` -> (MECH, {KEY: value}) (values YAML-typed; a dotted
+    KEY is kept whole: a config key, not an option of the mechanism)."""
     mech, sep, rest = text.partition(":")
     if not sep or not mech or "=" not in rest:
         raise SystemExit(f"--variant expects MECH:KEY=VALUE[,KEY=VALUE...], got {text!r}")
-    return mech, {k: v for _, k, v in parse_overrides(rest.split(","))}
+    return mech, {f"{s}.{k}" if s else k: v for s, k, v in parse_overrides(rest.split(","))}
 
 
 def plan(args) -> list[tuple[str, str, dict[str, Any]]]:
@@ -714,7 +720,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="mechanism option for every mechanism declaring KEY (MECH.KEY=VALUE: MECH only)")  # fmt: skip
     p.add_argument("--variant", action="append", default=[], metavar="MECH:KEY=VALUE,...",
-                   help="one more row of MECH (MECH@BACKEND: with that backend) with these options (on top of --set)")  # fmt: skip
+                   help="one more row of MECH (MECH@BACKEND: with that backend) with these options "
+                        "(on top of --set; a dotted KEY such as train.augmult is a config key)")  # fmt: skip
     p.add_argument("--override", action="append", default=[], metavar="HYDRA_OVERRIDE",
                    help="any Hydra override for every run, e.g. optim=adam")  # fmt: skip
     p.add_argument("--peers", action="store_true",
