@@ -15,7 +15,7 @@ from dpsub.errors import ConfigError
 from dpsub.experiments import costs, tables
 
 from conftest import REPO, compose_cfg, run_script_in_process
-from helpers.tables import SCRIPTS, TINY, check_cells, load_script, one_cell_per_kind
+from helpers.tables import SCRIPTS, TINY, check_cells, load_script, one_cell_per_kind, script
 
 PAPER_TEXT = REPO.parent / "shared" / "papers" / "gep-gradient-embedding-perturbation.txt"
 needs_paper = pytest.mark.skipif(not PAPER_TEXT.is_file(), reason="the GEP paper's text not found")
@@ -407,3 +407,47 @@ def test_dry_run_counts_n_without_extracting_features(monkeypatch):
     cfg = compose_cfg("features=efficientnet_lite0", "dataset.validation_size=100")
     n, note = costs.train_size(cfg)
     assert note == "" and n == 1797 - 360 - 100  # digits, its test split and validation out
+
+
+def test_stop_at_reads_a_clock_time_or_a_duration():
+    reproduce = load_script("reproduce")
+    import datetime as dt
+
+    now = dt.datetime(2026, 11, 27, 11, 0, 30)
+    assert reproduce.seconds_until("11:35", now) == 35 * 60 - 30
+    assert reproduce.seconds_until("10:00", now) == 23 * 3600 - 30  # tomorrow
+    assert reproduce.seconds_until("+2h30m", now) == 9000
+    assert reproduce.seconds_until("+90s", now) == 90
+    for bad in ("25:00", "+", "11h", "noon"):
+        with pytest.raises(ConfigError, match="--stop-at"):
+            reproduce.seconds_until(bad, now)
+
+
+def test_the_deadline_signal_is_recorded_not_fatal_between_jobs():
+    """The timer's SIGTERM reaches the process; between jobs it only stops the next one."""
+    import signal
+    import time
+
+    reproduce = load_script("reproduce")
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        reproduce.Deadline.arm(0.05, "+0s")
+        time.sleep(1.0)
+        assert reproduce.Deadline.reached
+        with pytest.raises(SystemExit, match="the same command resumes"):
+            reproduce.Deadline.check()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        reproduce.Deadline.reached = False
+
+
+def test_a_campaign_past_its_stop_time_starts_no_job(tmp_path):
+    """--stop-at already reached: exit 1 with the reason, no run trained; a bad time: exit 2."""
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    args = (spec, "--setting", "tiny", "--out", tmp_path / "runs", "logger=disabled")
+    proc = script("reproduce", *args, "--stop-at", "+0s", cwd=tmp_path)
+    assert proc.returncode == 1 and "stopped at --stop-at +0s" in proc.stderr, proc.stderr[-2000:]
+    assert not list((tmp_path / "runs").rglob("summary.json"))
+    bad = script("reproduce", *args, "--stop-at", "25:99", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--stop-at" in bad.stderr

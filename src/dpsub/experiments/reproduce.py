@@ -36,6 +36,11 @@ A finished run anywhere under ``<out>`` or among the runs committed in ``results
 whose config equals a job's is reused (a symlink), so ``make table`` on a fresh clone
 re-renders the committed tables instead of re-running them.
 
+``--stop-at HH:MM`` (or ``+2h30m``) ends a work period cleanly: at that time the running
+job finishes its step, writes its checkpoint and the command exits (code 143, as after a
+SIGTERM; 1 when it falls between jobs); no job starts after it. The same command, run again, resumes the job from its checkpoint and goes on.
+It needs the default launcher (jobs in this process).
+
 A bad table, setting or override is one line on stderr, exit code 2, nothing written.
 """
 
@@ -47,7 +52,10 @@ import json
 import logging
 import math
 import os
+import re
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -298,9 +306,57 @@ def launch(jobs: list[tables.Job], sweep_dir: Path, hydra_ov: list[str]) -> None
     hydra_main()
 
 
+# ------------------------------------------------------------- --stop-at
+class Deadline:
+    """``--stop-at``: a SIGTERM at the deadline. The training loop's own handler takes it
+    during a job (checkpoint, then exit); between jobs :meth:`handle` records it and the
+    next job does not start (nothing is cut mid-write)."""
+
+    reached = False
+    text = ""
+
+    @classmethod
+    def handle(cls, signum, frame) -> None:
+        cls.reached = True
+
+    @classmethod
+    def arm(cls, seconds: float, text: str) -> None:
+        cls.text = text
+        signal.signal(signal.SIGTERM, cls.handle)
+        if seconds <= 0:
+            cls.reached = True
+            return
+        timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.daemon = True
+        timer.start()
+
+    @classmethod
+    def check(cls) -> None:
+        if cls.reached:
+            raise SystemExit(f"reproduce: stopped at --stop-at {cls.text}, before the next job; "
+                             "the same command resumes")  # fmt: skip
+
+
+def seconds_until(text: str, now: dt.datetime | None = None) -> float:
+    """``HH:MM`` (the next such local time) or ``+2h30m`` / ``+90s`` -> seconds from now."""
+    now = now or dt.datetime.now()
+    m = re.fullmatch(r"\+(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+    if m and any(m.groups()):
+        h, mi, s = (int(g or 0) for g in m.groups())
+        return float(h * 3600 + mi * 60 + s)
+    m = re.fullmatch(r"(\d{1,2}):(\d{2})", text)
+    if not m or int(m[1]) > 23 or int(m[2]) > 59:
+        raise ConfigError(f"--stop-at {text!r}: expected HH:MM or +2h30m / +45m / +90s")
+    at = now.replace(hour=int(m[1]), minute=int(m[2]), second=0, microsecond=0)
+    if at <= now:
+        at += dt.timedelta(days=1)
+    return (at - now).total_seconds()
+
+
 def _task(cfg: DictConfig) -> float:
     """One job: compose its config, then train, resume or skip it (dpsub.cli.sweeps.run_job:
     a failure is logged and recorded in the sweep folder; the other jobs go on)."""
+    Deadline.check()
     from dpsub.cli.sweeps import run_job
     from dpsub.cli.train import train_run
     from dpsub.config import compose
@@ -350,6 +406,15 @@ def run_tuning(jobs, args, table, hydra_ov) -> None:
         run_phase(new, args, hydra_ov, "phase 1 (the tuning grid extended at an edge)")
 
 
+def run_all(jobs, args, table, hydra_ov) -> None:
+    """The paper setting and the tuning grid, then (``--tune``) the picks."""
+    run_tuning(jobs, args, table, hydra_ov)
+    if args.tune:
+        _, tuned, picks = plan(args, table)
+        write_picks(args, picks)
+        run_phase(tuned, args, hydra_ov, "phase 2 (tuned picks)")
+
+
 def write_picks(args, picks: dict) -> None:
     base = tables.setting_dir(args.out, args.table_obj, args.setting, args.extra)
     (base / "tune").mkdir(parents=True, exist_ok=True)
@@ -379,6 +444,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="with --dry-run: time the step of every setting without a cached time "
                         "(minutes); otherwise cached or recorded step times only (seconds)")  # fmt: skip
     p.add_argument("--timing-steps", type=int, default=2, help="timed steps per setting")
+    p.add_argument("--stop-at", metavar="HH:MM", default=None,
+                   help="at this local time (or after +2h30m / +45m / +90s) the running job "
+                        "checkpoints and the command exits; the same command resumes "
+                        "(default launcher only)")  # fmt: skip
     p.add_argument("--gpu-speedup", type=float, default=30.0,
                    help="assumed speed of a GPU over one core of the CPU the step times are "
                         "for, for the GPU estimate (default 30)")  # fmt: skip
@@ -400,13 +469,20 @@ def main(argv: list[str] | None = None) -> int:
             dry_run(args, table, jobs, tuned)
             return 0
         compose_all(jobs + tuned)  # every config valid before anything is written
+        stop = None if args.stop_at is None else seconds_until(args.stop_at)
+        if stop is not None and any(o.startswith("hydra/launcher=") for o in hydra_ov):
+            raise ConfigError("--stop-at: needs the default launcher (jobs in this process)")
     except ConfigError as e:
         die(str(e))
-    run_tuning(jobs, args, table, hydra_ov)
-    if args.tune:
-        _, tuned, picks = plan(args, table)
-        write_picks(args, picks)
-        run_phase(tuned, args, hydra_ov, "phase 2 (tuned picks)")
+    if stop is not None:
+        Deadline.arm(stop, args.stop_at)
+        say(f"stopping at {args.stop_at} ({stop / 60:.0f} minutes from now)")
+    try:
+        run_all(jobs, args, table, hydra_ov)
+    except SystemExit:
+        if Deadline.reached:  # the running job checkpointed (code 143) or none was running
+            say(f"stopped at --stop-at {args.stop_at}; the same command resumes")
+        raise
     unfinished = [j for j in plan(args, table)[0] if not j.finished]
     if unfinished:
         say(f"{len(unfinished)} jobs unfinished, e.g. {unfinished[0].dir}")
