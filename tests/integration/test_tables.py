@@ -232,6 +232,14 @@ def test_timing_key_ignores_what_does_not_change_a_steps_cost():
     assert other not in keys
 
 
+def test_views_per_example_are_part_of_the_step_cost_key():
+    """K views cost about K times a step: K = 4 must not borrow K = 1's step time (the
+    augmult study's dry run once priced its K = 4 runs at K = 1's 1.17 s)."""
+    one = costs.timing_key(compose_cfg("experiment=dpsgd_mnist"))
+    four = costs.timing_key(compose_cfg("experiment=dpsgd_mnist", "train.augmult=4"))
+    assert one != four and "augmult" not in one  # K = 1: the key committed times were made under
+
+
 def test_recorded_step_times_come_from_cpu_runs_only(tmp_path):
     """A GPU run's steps_per_s is no CPU step time (sim-eps2's CPU estimate once read an H100
     run's 0.10 s a step for a 5.6 s CPU step): only runs whose summary or log says cpu count."""

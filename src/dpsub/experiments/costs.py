@@ -48,14 +48,17 @@ def dataset_shape(cfg: DictConfig | dict) -> tuple[int, int]:
 
 def timing_key(cfg: DictConfig | dict) -> str:
     """What a step's cost depends on (not lr, epsilon, seed, clip thresholds); ``cfg``: a
-    composed config or a saved one's plain dict."""
+    composed config or a saved one's plain dict. K > 1 views (train.augmult) multiply a
+    step's passes, so they are part of it (K = 1 leaves the key as it was before the option)."""
     c = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else cfg
     mech = {k: v for k, v in c["mechanism"].items() if "clip" not in k}
+    views = int(c["train"].get("augmult") or 1)
     return json.dumps(
         {
             "shape": dataset_shape(c), "model": c["model"], "mechanism": mech,
             "batch": c["train"]["batch_size"], "grads": c["grads"], "device": c["device"],
             "aux": c["aux"]["name"] != "none" and int(c["aux"]["num_samples"]),
+            **({"augmult": views} if views > 1 else {}),
         },
         sort_keys=True,
     )  # fmt: skip
