@@ -5,7 +5,7 @@ UV := python3 -m uv
 endif
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all lint format bench results table render gpu gpu-stage gpu-tiny clean
+.PHONY: setup demo test test-all lint format bench results table lanes render gpu gpu-stage gpu-tiny clean
 
 # --compile-bytecode: the installed packages' .pyc files are written once, at setup (about 20 s
 # the first time, under 1 s after). Without them, where PYTHONDONTWRITEBYTECODE is set (this
@@ -45,6 +45,10 @@ SETTING ?= paper
 table: setup  ## one paper table (conf/paper/): make table TABLE=gep1-mnist SETTING=cpu [ARGS=--tune|--dry-run|--help] [OVERRIDES=train.epochs=3]; runs what is missing (committed runs are reused), then renders
 	$(UV) run --frozen python scripts/reproduce.py $(TABLE) --setting $(SETTING) $(ARGS) $(OVERRIDES)
 	$(if $(filter -h --help --dry-run,$(ARGS)),,$(UV) run --frozen python scripts/make_table.py $(TABLE) --setting $(SETTING) $(OVERRIDES))
+
+STOP ?= +2h30m
+lanes: setup  ## the long campaigns on one lane per core until STOP (conf/lanes/cpu.yaml): make lanes STOP=11:35 OVERRIDES=data.root=/data/cifar10
+	$(UV) run --frozen python scripts/lanes.py --stop-at $(STOP) $(OVERRIDES)
 
 render: setup  ## re-render a table from its runs only (outputs/tables, else the committed results/tables), keeping the recorded commit and hardware
 	$(UV) run --frozen python scripts/make_table.py $(TABLE) --setting $(SETTING) $(OVERRIDES)

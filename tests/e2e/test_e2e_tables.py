@@ -205,3 +205,17 @@ def test_dry_run_counts_every_pick_while_some_cells_still_tune(tmp_path):
 def test_every_cell_composes_in_every_setting(name):
     """Each cell's experiment + overrides composes and validates (seeds change nothing else)."""
     check_cells(name, list)
+
+
+def test_a_lane_runs_its_campaigns_in_order(tmp_path):
+    """scripts/lanes.py with one lane: the tiny table's campaign runs to the end."""
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    todo = tmp_path / "lanes.yaml"
+    todo.write_text(f"campaigns:\n  - {spec} --setting tiny\n")
+    proc = script("lanes", "--campaigns", todo, "--lanes", "1", "--stagger", "0", "--stop-at",
+                  "+20m", "--out", tmp_path / "runs", "logger=disabled", "train.progress=false",
+                  cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0 and "lane 0: " in proc.stdout, proc.stderr[-2000:]
+    assert len(list((tmp_path / "runs").rglob("summary.json"))) == 4
+    assert "--stop-at +" in (tmp_path / "runs" / ".lanes" / "lane0.log").read_text()

@@ -162,7 +162,11 @@ def test_a_comparison_names_another_setting_and_a_test_set_variant(tmp_path):
         ref = {"setting": "setting: long", "variant": "variant: paper",
                "cell": "cell: {mechanism: dpsgd}"}  # fmt: skip
         ref[key] = bad
-        spec.write_text(COMPARED.replace(
-            "{setting: long, variant: paper, cell: {mechanism: dpsgd}}", "{" + ", ".join(ref.values()) + "}"))
+        spec.write_text(
+            COMPARED.replace(
+                "{setting: long, variant: paper, cell: {mechanism: dpsgd}}",
+                "{" + ", ".join(ref.values()) + "}",
+            )
+        )
         with pytest.raises(ConfigError, match="settings.attr.compare"):
             tables.load_table(spec)

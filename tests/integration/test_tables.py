@@ -245,8 +245,12 @@ def test_recorded_step_times_come_from_cpu_runs_only(tmp_path):
     run's 0.10 s a step for a 5.6 s CPU step): only runs whose summary or log says cpu count."""
     cfg = compose_cfg("experiment=dpsgd_mnist")
     key = costs.timing_key(cfg)
-    for name, rate, device, where in [("a", 2.0, "cpu", "summary"), ("b", 100.0, "cuda", "log"),
-                                      ("c", 50.0, "cuda", "summary"), ("d", 4.0, None, None)]:
+    for name, rate, device, where in [
+        ("a", 2.0, "cpu", "summary"),
+        ("b", 100.0, "cuda", "log"),
+        ("c", 50.0, "cuda", "summary"),
+        ("d", 4.0, None, None),
+    ]:
         d = tmp_path / name
         d.mkdir()
         OmegaConf.save(cfg, d / "config.yaml")
@@ -254,12 +258,15 @@ def test_recorded_step_times_come_from_cpu_runs_only(tmp_path):
         (d / "summary.json").write_text(json.dumps(summary))
         (d / "metrics.jsonl").write_text("")
         if where == "log":
-            (d / "train.log").write_text(f"[17:41:28][INFO] device           {device}:0 (world size 1)\n")
+            (d / "train.log").write_text(
+                f"[17:41:28][INFO] device           {device}:0 (world size 1)\n"
+            )
     # a (0.5 s) and d (0.25 s: no device recorded, an old CPU run); b and c are GPU runs
     assert costs.recorded_step_times([tmp_path], {key}) == {key: pytest.approx(0.375)}
     # CPU seconds per step where recorded: a lane paused for hours (wall 1 step/s) costs 0.1 s
     (tmp_path / "d" / "summary.json").write_text(
-        json.dumps({"steps_per_s": 1.0, "steps": 40, "cpu_seconds": 4.0}))
+        json.dumps({"steps_per_s": 1.0, "steps": 40, "cpu_seconds": 4.0})
+    )
     assert costs.recorded_step_times([tmp_path], {key}) == {key: pytest.approx(0.3)}
 
 
@@ -459,3 +466,19 @@ def test_a_campaign_past_its_stop_time_starts_no_job(tmp_path):
     assert not list((tmp_path / "runs").rglob("summary.json"))
     bad = script("reproduce", *args, "--stop-at", "25:99", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--stop-at" in bad.stderr
+
+
+def test_the_lanes_campaigns_are_valid_reproduce_commands(tmp_path):
+    """conf/lanes/cpu.yaml: every entry names a table, a setting and reproduce.py's flags."""
+    lanes, reproduce = load_script("lanes"), load_script("reproduce")
+    todo = lanes.campaigns(REPO / "conf" / "lanes" / "cpu.yaml")
+    assert todo
+    for words in todo:
+        args = reproduce.parse(words)
+        tables.load_table(args.table).setting(args.setting)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("campaigns: []\n")
+    with pytest.raises(ConfigError, match="campaigns: a non-empty list"):
+        lanes.campaigns(bad)
+    with pytest.raises(ConfigError, match="no such file"):
+        lanes.campaigns(tmp_path / "none.yaml")

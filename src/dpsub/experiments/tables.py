@@ -347,8 +347,10 @@ def _check_compare(key: str, compare: list, settings: dict, axes: dict) -> None:
             other = Setting("paper")
         ok = ok and other is not None and ref["variant"] in ("paper", "tuned")
         ref_axes = {**axes, **other.axes} if ok else {}
-        ok = ok and isinstance(ref["cell"], dict) and all(
-            v in ref_axes.get(a, []) for a, v in ref["cell"].items()
+        ok = (
+            ok
+            and isinstance(ref["cell"], dict)
+            and all(v in ref_axes.get(a, []) for a, v in ref["cell"].items())
         )
         if not ok:
             raise ConfigError(f"{key}[{i}]: {{setting (another of the table's), variant (paper "

@@ -1,0 +1,107 @@
+"""CPU lanes for the long campaigns: one ``reproduce.py`` at a time per core, until a deadline.
+
+    python scripts/lanes.py --stop-at 11:35 data.root=/data/cifar10     # two lanes
+    python scripts/lanes.py --stop-at +2h --lanes 1 --out /clone/results/tables
+
+Each lane runs the campaigns of ``conf/lanes/cpu.yaml`` (``--campaigns``: another file) in
+their order, each as ``scripts/reproduce.py <campaign> --out OUT --stop-at T`` with one
+thread (``OMP_NUM_THREADS=1``) at ``nice`` 5; the remaining overrides go to every campaign.
+A campaign that is done, or whose remaining jobs another lane holds (each run dir is locked
+by its process), returns and the lane goes on to the next; the lanes start ``--stagger``
+seconds apart so they do not race for the same job. At ``--stop-at`` every lane's job
+finishes its step and writes its checkpoint (reproduce.py's ``--stop-at``), and the lanes
+end: the same command in the next work period resumes the jobs where they stopped. Finished
+runs are not committed here: ``make_table.py --runs OUT`` copies their small files beside
+the table it renders. Each lane's output goes to ``OUT/.lanes/lane<i>.log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from dpsub.errors import ConfigError
+from dpsub.experiments.reproduce import seconds_until
+from dpsub.paths import conf_dir, project_root
+
+MARGIN_S = 120  # a campaign is not started with less time than this left
+
+
+def campaigns(path: Path) -> list[list[str]]:
+    """The file's campaigns, each as reproduce.py's argument words; ConfigError naming it."""
+    import yaml
+
+    if not path.is_file():
+        raise ConfigError(f"--campaigns {path}: no such file")
+    raw = yaml.safe_load(path.read_text()) or {}
+    items = raw.get("campaigns") if isinstance(raw, dict) else None
+    if not isinstance(items, list) or not items or not all(isinstance(c, str) for c in items):
+        raise ConfigError(f"{path}: campaigns: a non-empty list of reproduce.py arguments")
+    return [shlex.split(c) for c in items]
+
+
+def lane(i: int, todo: list[list[str]], args, deadline: float) -> None:
+    """One lane: the campaigns in order while time is left (a child process each)."""
+    time.sleep(i * args.stagger)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    script = project_root() / "scripts" / "reproduce.py"
+    log = Path(args.out) / ".lanes" / f"lane{i}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    for words in todo:
+        left = deadline - time.time()
+        if left < MARGIN_S:
+            break
+        argv = [sys.executable, str(script), *words, "--out", str(args.out),
+                "--stop-at", f"+{int(left)}s", *args.overrides]  # fmt: skip
+        with log.open("a") as f:
+            f.write(f"\n$ {shlex.join(argv)}\n")
+            f.flush()
+            rc = subprocess.call(argv, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                 preexec_fn=lambda: os.nice(args.nice))  # fmt: skip
+        print(f"lane {i}: {' '.join(words[:3])}: exit {rc}", flush=True)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("overrides", nargs="*", help="overrides for every campaign (data.root=...)")
+    p.add_argument("--stop-at", required=True, metavar="HH:MM",
+                   help="when the lanes checkpoint and end (or +2h30m / +45m)")  # fmt: skip
+    p.add_argument("--lanes", type=int, default=2, help="lanes, one core each (default 2)")
+    p.add_argument("--campaigns", type=Path, default=conf_dir() / "lanes" / "cpu.yaml")
+    p.add_argument("--out", type=Path, default=project_root() / "outputs" / "tables")
+    p.add_argument("--stagger", type=float, default=30.0, help="seconds between lane starts")
+    p.add_argument("--nice", type=int, default=5)
+    return p.parse_intermixed_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        todo = campaigns(args.campaigns)
+        deadline = time.time() + seconds_until(args.stop_at)
+    except ConfigError as e:
+        print(f"lanes: {e}", file=sys.stderr)
+        return 2
+    threads = [threading.Thread(target=lane, args=(i, todo, args, deadline))
+               for i in range(args.lanes)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return 0
+
+
+def cli() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()
