@@ -129,3 +129,19 @@ def test_make_table_verdict_says_reverses_agrees_and_not_significant(monkeypatch
     )
     line = make_table.verdict_lines(T, found, "")[2]
     assert line.startswith("- tuned: mechanism=gep, epsilon=2 below epsilon=8 (")
+
+
+def test_the_difference_of_gains_reduces_to_welch_when_one_arm_is_constant():
+    """With arm b's two cells without spread, the test is Welch's on a's two cells shifted
+    by b's gain; a gain twice as large in a is found, an equal one is not."""
+    import scipy.stats
+
+    a1, a0 = [60.0, 61.5, 59.0], [50.0, 51.0, 49.5]
+    b1, b0 = [55.0, 55.0, 55.0], [50.0, 50.0, 50.0]
+    g = stats.difference_of_gains(a1, a0, b1, b0)
+    welch = scipy.stats.ttest_ind(a1, [v + 5 for v in a0], equal_var=False)
+    assert g.diff == pytest.approx((sum(a1) - sum(a0)) / 3 - 5)
+    assert g.p == pytest.approx(welch.pvalue) and g.p < 0.05 and g.lo > 0
+    same = stats.difference_of_gains(a1, a0, [v + 5 for v in a1], [v + 5 for v in a0])
+    assert same.diff == pytest.approx(0) and same.p > 0.5 and same.lo < 0 < same.hi
+    assert math.isnan(stats.difference_of_gains([1.0], a0, b1, b0).p)

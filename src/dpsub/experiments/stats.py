@@ -13,7 +13,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["ALPHA", "Comparison", "Summary", "compare", "summarize"]
+__all__ = ["ALPHA", "Comparison", "Gains", "Summary", "compare", "difference_of_gains", "summarize"]
 
 ALPHA = 0.05
 LEVEL = 0.95
@@ -86,3 +86,31 @@ def compare(a: list[float], b: list[float], alpha: float = ALPHA) -> Comparison:
     if p < alpha:
         return Comparison(diff, p, ">" if diff > 0 else "<")
     return Comparison(diff, p, TIE)
+
+
+@dataclass(frozen=True)
+class Gains:
+    diff: float  # (mean(a1) - mean(a0)) - (mean(b1) - mean(b0))
+    lo: float  # its 95% Welch-Satterthwaite interval
+    hi: float
+    p: float  # two-sided; nan with fewer than two values in a cell
+
+
+def difference_of_gains(a1, a0, b1, b0, level: float = LEVEL) -> Gains:
+    """Does arm a gain more from a change (0 -> 1) than arm b? The difference of the two
+    gains over four independent cells, its standard error sqrt(sum s_i^2 / n_i) and
+    Welch-Satterthwaite degrees of freedom (unequal variances, as :func:`compare`)."""
+    cells = [summarize(c) for c in (a1, a0, b1, b0)]
+    diff = (cells[0].mean - cells[1].mean) - (cells[2].mean - cells[3].mean)
+    if any(c.n < 2 for c in cells):
+        return Gains(diff, math.nan, math.nan, math.nan)
+    parts = [c.std**2 / c.n for c in cells]
+    se = math.sqrt(sum(parts))
+    if se == 0:
+        return Gains(diff, diff, diff, 1.0 if diff == 0 else 0.0)
+    from scipy import stats
+
+    df = sum(parts) ** 2 / sum(v**2 / (c.n - 1) for v, c in zip(parts, cells, strict=True))
+    half = stats.t.ppf(0.5 + level / 2, df) * se
+    p = float(2 * stats.t.sf(abs(diff) / se, df))
+    return Gains(diff, diff - half, diff + half, p)
