@@ -170,3 +170,26 @@ def test_a_comparison_names_another_setting_and_a_test_set_variant(tmp_path):
         )
         with pytest.raises(ConfigError, match="settings.attr.compare"):
             tables.load_table(spec)
+
+
+def test_copy_only_copies_finished_runs_small_files_and_renders_nothing(tmp_path):
+    """make_table --copy-only: commit runs as they finish without rendering (reading) the table."""
+    make_table = load_script("make_table")
+    spec = tmp_path / "t.yaml"
+    spec.write_text(COMPARED)
+    table = tables.load_table(spec)
+    base = tables.setting_dir(tmp_path / "runs", table, "attr", []) / "paper"
+    for seed, finished in ((0, True), (1, False)):
+        d = base / f"mechanism=gep,epsilon=2,seed={seed}"
+        d.mkdir(parents=True)
+        (d / "checkpoint.pt").write_bytes(b"x")
+        (d / "train.log").write_text("log\n")
+        if finished:
+            (d / "summary.json").write_text(json.dumps({"test_accuracy": 0.3}))
+    out = tmp_path / "out"
+    assert make_table.main([str(spec), "--setting", "attr", "--runs", str(tmp_path / "runs"),
+                            "--out", str(out), "--copy-only"]) == 0  # fmt: skip
+    dest = tables.setting_dir(out, table, "attr", [])
+    copied = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert copied == ["paper/mechanism=gep,epsilon=2,seed=0/summary.json",
+                      "paper/mechanism=gep,epsilon=2,seed=0/train.log"]  # fmt: skip

@@ -11,8 +11,9 @@ by its process), returns and the lane goes on to the next; the lanes start ``--s
 seconds apart so they do not race for the same job. At ``--stop-at`` every lane's job
 finishes its step and writes its checkpoint (reproduce.py's ``--stop-at``), and the lanes
 end: the same command in the next work period resumes the jobs where they stopped. Finished
-runs are not committed here: ``make_table.py --runs OUT`` copies their small files beside
-the table it renders. Each lane's output goes to ``OUT/.lanes/lane<i>.log``.
+runs are not committed here: ``make_table.py TABLE --setting S --runs OUT --copy-only``
+copies their small files beside the table (to commit as they finish; without
+``--copy-only`` it also renders the table). Each lane's output goes to ``OUT/.lanes/lane<i>.log``.
 """
 
 from __future__ import annotations

@@ -720,6 +720,11 @@ def render(table, args) -> Path:
             f"no finished runs of {table.name} under {tables.setting_dir(args.runs, table, args.setting, args.extra)}"
         )
     dest = tables.setting_dir(args.out, table, args.setting, args.extra)
+    if args.copy_only:  # the finished runs' small files, no README: a table not yet read
+        copy_runs(found, dest)
+        n = sum(len(jobs) for v in ("paper", "tuned", "tune") for jobs in found[v].values())
+        print(f"copied the small files of {n} finished runs into {dest}")
+        return dest
     rec = recorded(dest, args)
     proj = {} if args.no_projection else projections(table, found, args, not args.dry_run)
     if args.dry_run:
@@ -803,6 +808,9 @@ def parse(argv):
         "--out", type=Path, default=project_root() / "results" / "tables", help="output root"
     )
     p.add_argument("--no-projection", action="store_true", help="skip the projection errors")
+    p.add_argument("--copy-only", action="store_true",
+                   help="only copy the finished runs' small files from --runs beside the table "
+                        "(commit runs as they finish without rendering, or reading, the table)")  # fmt: skip
     p.add_argument("--dry-run", action="store_true",
                    help="say what would be written (and whether README.md would change); write "
                         "nothing")  # fmt: skip
