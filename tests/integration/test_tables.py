@@ -482,3 +482,9 @@ def test_the_lanes_campaigns_are_valid_reproduce_commands(tmp_path):
         lanes.campaigns(bad)
     with pytest.raises(ConfigError, match="no such file"):
         lanes.campaigns(tmp_path / "none.yaml")
+    for entry, why in (("nope --setting paper", "table nope"),
+                       ("gep1-cifar10 --setting nope", "no setting 'nope'"),
+                       ("gep1-cifar10 --bogus", "not reproduce.py's arguments")):  # fmt: skip
+        bad.write_text(f"campaigns: ['{entry}']\n")
+        with pytest.raises(ConfigError, match=f"campaigns\\[0\\]: .*{why}"):
+            lanes.campaigns(bad)

@@ -19,6 +19,8 @@ copies their small files beside the table (to commit as they finish; without
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import shlex
 import subprocess
@@ -35,7 +37,8 @@ MARGIN_S = 120  # a campaign is not started with less time than this left
 
 
 def campaigns(path: Path) -> list[list[str]]:
-    """The file's campaigns, each as reproduce.py's argument words; ConfigError naming it."""
+    """The file's campaigns, each as reproduce.py's argument words, every one naming a table
+    and a setting that exist; ConfigError naming the file and the entry."""
     import yaml
 
     if not path.is_file():
@@ -44,7 +47,24 @@ def campaigns(path: Path) -> list[list[str]]:
     items = raw.get("campaigns") if isinstance(raw, dict) else None
     if not isinstance(items, list) or not items or not all(isinstance(c, str) for c in items):
         raise ConfigError(f"{path}: campaigns: a non-empty list of reproduce.py arguments")
+    for i, item in enumerate(items):
+        check_campaign(f"{path}: campaigns[{i}]", shlex.split(item))
     return [shlex.split(c) for c in items]
+
+
+def check_campaign(key: str, words: list[str]) -> None:
+    """reproduce.py would accept ``words``: its flags, a table and one of its settings."""
+    from dpsub.experiments import reproduce, tables
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            args = reproduce.parse(words)
+    except SystemExit:
+        raise ConfigError(f"{key}: not reproduce.py's arguments: {shlex.join(words)}") from None
+    try:
+        tables.load_table(args.table).setting(args.setting)
+    except ConfigError as e:
+        raise ConfigError(f"{key}: {e}") from None
 
 
 def lane(i: int, todo: list[list[str]], args, deadline: float) -> None:
@@ -75,7 +95,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("overrides", nargs="*", help="overrides for every campaign (data.root=...)")
     p.add_argument("--stop-at", required=True, metavar="HH:MM",
                    help="when the lanes checkpoint and end (or +2h30m / +45m)")  # fmt: skip
-    p.add_argument("--lanes", type=int, default=2, help="lanes, one core each (default 2)")
+    p.add_argument("--lanes", type=int, default=2, choices=range(1, (os.cpu_count() or 1) + 1),
+                   metavar="N", help="lanes, one core each (default 2)")  # fmt: skip
     p.add_argument("--campaigns", type=Path, default=conf_dir() / "lanes" / "cpu.yaml")
     p.add_argument("--out", type=Path, default=project_root() / "outputs" / "tables")
     p.add_argument("--stagger", type=float, default=30.0, help="seconds between lane starts")
