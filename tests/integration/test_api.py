@@ -55,6 +55,38 @@ def test_a_seeded_gep_run_through_the_api_equals_dpsub_train(tmp_path):
     assert private.epsilon == pytest.approx(cli.epsilon, rel=1e-12)
 
 
+def test_views_and_averaging_through_the_api_equal_dpsub_train(tmp_path):
+    """augmult (views averaged before clipping) and ema: the same seeded releases, weights
+    and average as ``train.augmult`` / ``train.ema``, and the same epsilon as one view."""
+    cfg = compose_cfg(*SYNTH, "model=mnist_cnn", "train.augmult=2", "train.ema=0.9",
+                      "train.max_steps=3", "train.checkpoint_every=0", "privacy.epsilon=3",
+                      "optim.schedule.milestones=[]", "grads.microbatch=32")  # fmt: skip
+    cli = train(cfg, tmp_path / "cli")
+    ckpt = torch.load(tmp_path / "cli" / "checkpoint.pt", weights_only=False)["state"]
+    ref = build_run(cfg)
+    s = ref.settings
+    _, data = private_data(s)
+    model = ref.model
+    opt = torch.optim.SGD(model.parameters(), lr=s.optim.lr, momentum=s.optim.momentum,
+                          weight_decay=s.optim.weight_decay)  # fmt: skip
+    kw = dict(batch_size=s.train.batch_size, options=dict(vars(ref.mechanism.opts)),
+              epsilon=s.privacy.epsilon, steps=cli.steps, seed=s.seed, microbatch=32)  # fmt: skip
+    private = dpsub.make_private(model, opt, (data.train_x, data.train_y), augmult=2, ema=0.9, **kw)
+    for _ in range(cli.steps):
+        private.step()
+    assert digest(model.state_dict().values()) == digest(ckpt["model"].values())
+    assert digest(private.run.ema.avg.values()) == digest(ckpt["ema"]["avg"].values())
+    assert private.epsilon == pytest.approx(cli.epsilon, rel=1e-12)
+    raw = digest(model.parameters())
+    with private.averaged() as averaged:
+        assert digest(averaged.parameters()) == digest(ckpt["ema"]["avg"].values())
+    assert digest(model.parameters()) == raw  # its own weights back
+    one = dpsub.make_private(ref.model, opt, (data.train_x, data.train_y), **kw)
+    for _ in range(cli.steps):
+        one.step()
+    assert one.epsilon == private.epsilon  # K views: the noise and epsilon of one
+
+
 def blobs(n=600, d=10, k=3, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=g)
@@ -129,11 +161,20 @@ def _saved(state):
         (dict(mechanism="gep"), "aux"),
         (dict(mechanism="nope"), "mechanism.name"),
         (dict(options={"clip": -1.0}), "mechanism.clip"),
+        (dict(augmult=0), "augmult: the views per example"),
+        (dict(augmult=2), r"augmult: views are crops of images \(N, C, H, W\)"),
+        (dict(ema=1.0), "ema: a decay in"),
     ],
 )
 def test_bad_arguments_name_themselves(kw, match):
     with pytest.raises(ValueError, match=match):
         session(**kw)
+
+
+def test_averaging_needs_its_decay():
+    _, _, private = session()
+    with pytest.raises(ValueError, match="ema=<decay>"):
+        private.update_average()
 
 
 def test_batchnorm_is_refused():

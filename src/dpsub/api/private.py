@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 
+from dpsub.data.augment import Augmult, view_padding
 from dpsub.data.aux import AuxData
 from dpsub.data.datasets import DatasetBundle
 from dpsub.errors import PrivacyError
@@ -26,6 +28,7 @@ from dpsub.training.build import (
     run_state,
     train_step,
 )
+from dpsub.training.ema import EMA
 
 Data = tuple[Tensor, Tensor] | torch.utils.data.Dataset
 
@@ -55,6 +58,9 @@ def make_private(
     accountant: str = "rdp",
     secure: bool = False,
     seed: int = 0,
+    augmult: int = 1,
+    flip: bool = False,
+    ema: float | None = None,
 ) -> PrivateTraining:
     """A :class:`PrivateTraining` of ``model`` on the private ``data``.
 
@@ -69,7 +75,14 @@ def make_private(
     (their true labels) or an :class:`~dpsub.data.aux.AuxData`. ``loss_fn(outputs,
     targets) -> (B,)``: a per-example loss. ``scheduler``: stepped after every release
     by :meth:`PrivateTraining.step` (your loop steps it itself otherwise). ``secure``:
-    noise from the OS's CSPRNG (not reproducible). Raises ValueError naming the argument.
+    noise from the OS's CSPRNG (not reproducible). ``augmult``: K > 1 random views of each
+    private image (N, C, H, W), crops of its mirror-padded copy and, with ``flip``, horizontal
+    flips (natural images, not digits), whose gradients are averaged *before* clipping: the
+    sensitivity and the noise are those of K = 1 (docs/recipe.md). ``ema``: a decay (e.g.
+    0.999) for parameter averaging, post-processing of the releases (no privacy cost),
+    updated by :meth:`PrivateTraining.step` (in your own loop:
+    :meth:`PrivateTraining.update_average`); evaluate with ``with private.averaged(): ...``.
+    Raises ValueError naming the argument.
     """
     device = _device_of(model)
     x, y = _tensors(data, device)
@@ -85,7 +98,9 @@ def make_private(
     if SPECS[mechanism].needs_aux and anchors is None:
         raise ValueError(f"aux: mechanism {mechanism} needs auxiliary (public) data")
     mech.setup(engine, anchors)
-    gens, source, uniform = randomness(seed, secure, device)
+    gens, source, uniform = randomness(seed, secure, device, augment=_views(augmult, x) > 1)
+    if augmult > 1:  # public crops and flips from their own stream
+        engine.augmult = Augmult(int(augmult), view_padding(x.shape[2]), flip, gens["augment"])
     account = PrivacyAccount.open(
         n=n, batch_size=batch_size, steps=total,
         phases=mech.phases(total) if mech.private else None, policy=mech.accounting,
@@ -96,7 +111,7 @@ def make_private(
     run = assemble_run(
         data=bundle, aux=anchors, model=model, engine=engine, mechanism=mech, account=account,
         total_steps=total, optimizer=optimizer, schedule=scheduler, noise_source=source,
-        generators=gens, seed=seed,
+        generators=gens, seed=seed, ema=_average(ema, model),
     )  # fmt: skip
     return PrivateTraining(run)
 
@@ -177,6 +192,23 @@ class PrivateTraining:
         self._within_plan()
         return self._checked(train_step(self.run))
 
+    # ------------------------------------------------------------ averaging
+    def update_average(self) -> None:
+        """Your own loop with ``ema``: move the average after your optimizer's step
+        (:meth:`step` does it itself)."""
+        self._ema().update(self.run.model)
+
+    @contextmanager
+    def averaged(self) -> Iterator[nn.Module]:
+        """The model with the averaged weights inside the block, its own ones after."""
+        with self._ema().applied(self.run.model) as model:
+            yield model
+
+    def _ema(self) -> EMA:
+        if self.run.ema is None:
+            raise ValueError("ema: make_private(..., ema=<decay>) keeps no average otherwise")
+        return self.run.ema
+
     def _within_plan(self) -> None:
         if self.run.step >= self.run.total_steps:
             raise BudgetExhausted(
@@ -229,6 +261,24 @@ def _planned_steps(steps, epochs, batch_size: int, n: int) -> int:
     if not epochs > 0:
         raise ValueError(f"epochs: must be > 0, got {epochs}")
     return max(1, round(float(epochs) * n / int(batch_size)))
+
+
+def _views(augmult: int, x: Tensor) -> int:
+    """``augmult``, checked: K >= 1, and K > 1 only for images (N, C, H, W)."""
+    if isinstance(augmult, bool) or not isinstance(augmult, int) or augmult < 1:
+        raise ValueError(f"augmult: the views per example, an int >= 1, got {augmult!r}")
+    if augmult > 1 and x.dim() != 4:
+        raise ValueError(f"augmult: views are crops of images (N, C, H, W), got x of shape "
+                         f"{tuple(x.shape)}")  # fmt: skip
+    return augmult
+
+
+def _average(decay: float | None, model: nn.Module) -> EMA | None:
+    if decay is None:
+        return None
+    if not 0 < decay < 1:
+        raise ValueError(f"ema: a decay in (0, 1), e.g. 0.999, got {decay}")
+    return EMA(model, decay)
 
 
 def _check_privacy_args(epsilon, noise_multiplier) -> None:
