@@ -101,11 +101,11 @@ def make_private(
     gens, source, uniform = randomness(seed, secure, device, augment=_views(augmult, x) > 1)
     if augmult > 1:  # public crops and flips from their own stream
         engine.augmult = Augmult(int(augmult), view_padding(x.shape[2]), flip, gens["augment"])
+    budget = math.inf if epsilon is None else float(epsilon)
     account = PrivacyAccount.open(
-        n=n, batch_size=batch_size, steps=total,
-        phases=mech.phases(total) if mech.private else None, policy=mech.accounting,
-        epsilon=math.inf if epsilon is None else float(epsilon), delta=delta,
-        accountant=accountant, noise_multiplier=noise_multiplier, uniform=uniform, device=device,
+        n=n, batch_size=batch_size, steps=total, phases=mech.phases(total) if mech.private else None,
+        policy=mech.accounting, epsilon=budget, delta=delta, accountant=accountant,
+        noise_multiplier=noise_multiplier, uniform=uniform, device=device,
     )  # fmt: skip
     bundle = DatasetBundle("user", x, y, x[:0], y[:0], num_classes, None, (), ())
     run = assemble_run(
