@@ -172,7 +172,7 @@ def test_a_comparison_names_another_setting_and_a_test_set_variant(tmp_path):
             tables.load_table(spec)
 
 
-def test_copy_only_copies_finished_runs_small_files_and_renders_nothing(tmp_path):
+def test_copy_only_copies_finished_runs_small_files_and_renders_nothing(tmp_path, capsys):
     """make_table --copy-only: commit runs as they finish without rendering (reading) the table."""
     make_table = load_script("make_table")
     spec = tmp_path / "t.yaml"
@@ -187,8 +187,10 @@ def test_copy_only_copies_finished_runs_small_files_and_renders_nothing(tmp_path
         if finished:
             (d / "summary.json").write_text(json.dumps({"test_accuracy": 0.3}))
     out = tmp_path / "out"
-    assert make_table.main([str(spec), "--setting", "attr", "--runs", str(tmp_path / "runs"),
-                            "--out", str(out), "--copy-only"]) == 0  # fmt: skip
+    argv = [str(spec), "--setting", "attr", "--runs", str(tmp_path / "runs"), "--out", str(out),
+            "--copy-only"]  # fmt: skip
+    assert make_table.main(argv) == 0
+    assert "README.md" not in capsys.readouterr().out
     dest = tables.setting_dir(out, table, "attr", [])
     copied = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
     assert copied == ["paper/mechanism=gep,epsilon=2,seed=0/summary.json",

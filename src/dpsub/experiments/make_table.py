@@ -851,7 +851,7 @@ def main(argv=None) -> int:
         )
         args.runs = project_root() / "outputs" / "tables" if made.is_dir() else args.out
     dest = render(table, args)
-    if not args.dry_run:
+    if not (args.dry_run or args.copy_only):
         print(f"wrote {dest / 'README.md'}")
     return 0
 
