@@ -8,8 +8,8 @@ Every run dir holds (written by the trainer)::
     ledger.json     the privacy ledger
 
 and, written later by the tools, ``validation.json`` (held-out accuracy), ``mia.json`` and
-``public_projection.json``. ``SMALL_FILES`` are the ones a results folder keeps (no
-checkpoints). ``RunDir(path)`` reads them; ``find_runs(root)`` lists the finished runs
+``public_projection.json``. ``SMALL_FILES`` are the ones a results folder keeps (the
+ledger included, no checkpoints). ``RunDir(path)`` reads them; ``find_runs(root)`` lists the finished runs
 under a folder (a Hydra sweep folder included); ``provenance()`` is the commit, date and
 hardware a results file records (one helper for bench, make_table and reproduce).
 
@@ -60,8 +60,10 @@ LEDGER = "ledger.json"  # the privacy ledger (secure mode: written before every 
 VALIDATION = "validation.json"  # scripts/heldout_eval.py
 MIA = "mia.json"  # scripts/mia.py (the run is then not covered by its epsilon)
 #: What a results folder keeps of a run (never the checkpoint).
+#: kept by a results folder: what the run did, its numbers, and the ledger its epsilon is
+#: recomputed from (the multiplier and sample rate of every step: public, a few hundred bytes)
 SMALL_FILES = (
-    CONFIG, SUMMARY, METRICS, LOG, VALIDATION, MIA, "public_projection.json",
+    CONFIG, SUMMARY, METRICS, LOG, LEDGER, VALIDATION, MIA, "public_projection.json",
 )  # fmt: skip
 
 _ROOT = Path(__file__).resolve().parents[2]  # the checkout (for git)

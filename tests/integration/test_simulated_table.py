@@ -184,6 +184,7 @@ def test_copy_only_copies_finished_runs_small_files_and_renders_nothing(tmp_path
         d.mkdir(parents=True)
         (d / "checkpoint.pt").write_bytes(b"x")
         (d / "train.log").write_text("log\n")
+        (d / "ledger.json").write_text("{}")
         if finished:
             (d / "summary.json").write_text(json.dumps({"test_accuracy": 0.3}))
     out = tmp_path / "out"
@@ -193,5 +194,5 @@ def test_copy_only_copies_finished_runs_small_files_and_renders_nothing(tmp_path
     assert "README.md" not in capsys.readouterr().out
     dest = tables.setting_dir(out, table, "attr", [])
     copied = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
-    assert copied == ["paper/mechanism=gep,epsilon=2,seed=0/summary.json",
-                      "paper/mechanism=gep,epsilon=2,seed=0/train.log"]  # fmt: skip
+    run = "paper/mechanism=gep,epsilon=2,seed=0/"
+    assert copied == [run + "ledger.json", run + "summary.json", run + "train.log"]
