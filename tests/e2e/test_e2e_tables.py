@@ -219,3 +219,30 @@ def test_a_lane_runs_its_campaigns_in_order(tmp_path):
     assert proc.returncode == 0 and "lane 0: " in proc.stdout, proc.stderr[-2000:]
     assert len(list((tmp_path / "runs").rglob("summary.json"))) == 4
     assert "--stop-at +" in (tmp_path / "runs" / ".lanes" / "lane0.log").read_text()
+
+
+def test_sigterm_to_the_lanes_checkpoints_the_running_job_and_ends_them(tmp_path):
+    spec = tmp_path / "long.yaml"
+    spec.write_text(
+        TINY.replace("train.max_steps=2,", "train.max_steps=100000, train.epochs=1000,")
+    )
+    todo = tmp_path / "lanes.yaml"
+    todo.write_text(f"campaigns:\n  - {spec} --setting tiny --only mechanism=dpsgd\n"
+                    f"  - {spec} --setting tiny --only mechanism=gep\n")  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
+    argv = [sys.executable, str(SCRIPTS / "lanes.py"), "--campaigns", str(todo), "--lanes", "1",
+            "--stop-at", "+20m", "--out", str(tmp_path / "runs"), "logger=disabled",
+            "train.progress=false"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    paper = tmp_path / "runs" / "long" / "tiny" / "paper"
+    deadline = time.monotonic() + 300
+    while not list(paper.glob("*/metrics.jsonl")):
+        assert time.monotonic() < deadline and proc.poll() is None, "no job started"
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and out.count("lane 0: ") == 1, out  # the gep campaign never ran
+    (run,) = paper.iterdir()
+    assert (run / "checkpoint.pt").is_file() and not (run / "summary.json").exists()
+    assert "checkpoint saved" in (tmp_path / "runs" / ".lanes" / "lane0.log").read_text()

@@ -13,7 +13,9 @@ finishes its step and writes its checkpoint (reproduce.py's ``--stop-at``), and 
 end: the same command in the next work period resumes the jobs where they stopped. Finished
 runs are not committed here: ``make_table.py TABLE --setting S --runs OUT --copy-only``
 copies their small files beside the table (to commit as they finish; without
-``--copy-only`` it also renders the table). Each lane's output goes to ``OUT/.lanes/lane<i>.log``.
+``--copy-only`` it also renders the table). Each lane's output goes to
+``OUT/.lanes/lane<i>.log``. SIGTERM or Ctrl-C to this command ends the lanes early the same
+way: every running job checkpoints and no campaign starts after it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import contextlib
 import io
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -67,24 +70,53 @@ def check_campaign(key: str, words: list[str]) -> None:
         raise ConfigError(f"{key}: {e}") from None
 
 
-def lane(i: int, todo: list[list[str]], args, deadline: float) -> None:
+class Stop:
+    """SIGTERM/SIGINT to the lanes: every running job checkpoints (the signal is passed on)
+    and no lane starts another campaign."""
+
+    def __init__(self):
+        self.event, self.children, self.lock = threading.Event(), set(), threading.Lock()
+
+    def handle(self, signum, frame) -> None:
+        self.event.set()
+        with self.lock:
+            for proc in self.children:
+                proc.send_signal(signal.SIGTERM)
+
+    def run(self, argv: list[str], **kw) -> int:
+        with self.lock:
+            if self.event.is_set():
+                return -1
+            proc = subprocess.Popen(argv, **kw)
+            self.children.add(proc)
+        try:
+            return proc.wait()
+        finally:
+            with self.lock:
+                self.children.discard(proc)
+
+
+def lane(i: int, todo: list[list[str]], args, deadline: float, stop: Stop) -> None:
     """One lane: the campaigns in order while time is left (a child process each)."""
-    time.sleep(i * args.stagger)
+    if stop.event.wait(i * args.stagger):
+        return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     script = project_root() / "scripts" / "reproduce.py"
     log = Path(args.out) / ".lanes" / f"lane{i}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     for words in todo:
         left = deadline - time.time()
-        if left < MARGIN_S:
+        if left < MARGIN_S or stop.event.is_set():
             break
         argv = [sys.executable, str(script), *words, "--out", str(args.out),
                 "--stop-at", f"+{int(left)}s", *args.overrides]  # fmt: skip
         with log.open("a") as f:
             f.write(f"\n$ {shlex.join(argv)}\n")
             f.flush()
-            rc = subprocess.call(argv, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                 preexec_fn=lambda: os.nice(args.nice))  # fmt: skip
+            # a session of its own: a terminal's Ctrl-C reaches it once, from Stop.handle
+            # (a second signal would stop a job before its checkpoint)
+            rc = stop.run(argv, env=env, stdout=f, stderr=subprocess.STDOUT,
+                          start_new_session=True, preexec_fn=lambda: os.nice(args.nice))  # fmt: skip
         print(f"lane {i}: {' '.join(words[:3])}: exit {rc}", flush=True)
 
 
@@ -112,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"lanes: {e}", file=sys.stderr)
         return 2
-    threads = [threading.Thread(target=lane, args=(i, todo, args, deadline))
+    stop = Stop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop.handle)
+    threads = [threading.Thread(target=lane, args=(i, todo, args, deadline, stop))
                for i in range(args.lanes)]  # fmt: skip
     for t in threads:
         t.start()
