@@ -488,3 +488,34 @@ def test_the_lanes_campaigns_are_valid_reproduce_commands(tmp_path):
         bad.write_text(f"campaigns: ['{entry}']\n")
         with pytest.raises(ConfigError, match=f"campaigns\\[0\\]: .*{why}"):
             lanes.campaigns(bad)
+
+
+def test_a_resumed_job_costs_only_its_steps_left(tmp_path, capsys):
+    """--dry-run (and lanes.py --plan): a run stopped at step 750 of 1,000 has a quarter left."""
+    reproduce = load_script("reproduce")
+    jobs = []
+    for name, logged in (("a", 750), ("b", None)):
+        d = tmp_path / name
+        d.mkdir()
+        if logged:
+            (d / "metrics.jsonl").write_text(json.dumps({"step": 10}) + "\n"
+                                             + json.dumps({"step": logged}) + "\n")  # fmt: skip
+        jobs.append(tables.Job("t", "s", "paper", {"mechanism": "dpsgd"}, 0, [], d))
+    rows = [{"job": j, "sec": 1000.0, "steps": 1000, "step_s": 1.0, "n": 10, "why": None}
+            for j in jobs]  # fmt: skip
+    reproduce.print_grid(rows, {jobs[0].dir: "resume", jobs[1].dir: "todo"}, 1 / 30)
+    out = capsys.readouterr().out
+    assert "| resume@750 |" in out and "still to run: 20m50s CPU" in out  # 250 s + 1,000 s
+
+
+def test_the_lanes_plan_lists_each_campaigns_jobs_and_what_is_left(tmp_path):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    todo = tmp_path / "lanes.yaml"
+    todo.write_text(f"campaigns:\n  - {spec} --setting tiny\n")
+    proc = script("lanes", "--campaigns", todo, "--plan", "--out", tmp_path / "runs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = [line for line in proc.stdout.splitlines() if "--setting tiny" in line]
+    assert "| 4 | 0 | 4 |" in row and "CPU" in row
+    bare = script("lanes", "--campaigns", todo, cwd=tmp_path)
+    assert bare.returncode == 2 and "--stop-at" in bare.stderr and bare.stderr.count("\n") == 1

@@ -2,6 +2,7 @@
 
     python scripts/lanes.py --stop-at 11:35 data.root=/data/cifar10     # two lanes
     python scripts/lanes.py --stop-at +2h --lanes 1 --out /clone/results/tables
+    python scripts/lanes.py --plan data.root=/data/cifar10               # what is left
 
 Each lane runs the campaigns of ``conf/lanes/cpu.yaml`` (``--campaigns``: another file) in
 their order, each as ``scripts/reproduce.py <campaign> --out OUT --stop-at T`` with one
@@ -120,13 +121,36 @@ def lane(i: int, todo: list[list[str]], args, deadline: float, stop: Stop) -> No
         print(f"lane {i}: {' '.join(words[:3])}: exit {rc}", flush=True)
 
 
+def plan(todo: list[list[str]], args) -> list[str]:
+    """``--plan``: each campaign's jobs by status and what is left, from its ``--dry-run``
+    (recorded step times; nothing runs)."""
+    script = project_root() / "scripts" / "reproduce.py"
+    out = ["| campaign | jobs | done | to run | left (CPU, one core) |", "|---|---:|---:|---:|---|"]
+    for words in todo:
+        argv = [sys.executable, str(script), *words, "--out", str(args.out), "--dry-run",
+                *args.overrides]  # fmt: skip
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        states = [row.split("|")[3].strip() for row in proc.stdout.splitlines()
+                  if row.startswith(("| paper |", "| tune |", "| tuned |"))]  # fmt: skip
+        last = (proc.stdout.strip().splitlines() or [""])[-1]
+        left = last.split("still to run: ")[-1] if "still to run" in last else (
+            f"dry run failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")  # fmt: skip
+        done = sum(st in ("done", "reuse") for st in states)
+        out.append(f"| `{shlex.join(words)}` | {len(states)} | {done} | {len(states) - done} "
+                   f"| {left} |")  # fmt: skip
+    return out
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("overrides", nargs="*", help="overrides for every campaign (data.root=...)")
-    p.add_argument("--stop-at", required=True, metavar="HH:MM",
-                   help="when the lanes checkpoint and end (or +2h30m / +45m)")  # fmt: skip
+    p.add_argument("--stop-at", metavar="HH:MM",
+                   help="when the lanes checkpoint and end (or +2h30m / +45m); required to run")  # fmt: skip
+    p.add_argument("--plan", action="store_true",
+                   help="print each campaign's jobs done and left with their CPU cost (its "
+                        "--dry-run); run nothing")  # fmt: skip
     p.add_argument("--lanes", type=int, default=2, choices=range(1, (os.cpu_count() or 1) + 1),
                    metavar="N", help="lanes, one core each (default 2)")  # fmt: skip
     p.add_argument("--campaigns", type=Path, default=conf_dir() / "lanes" / "cpu.yaml")
@@ -140,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     try:
         todo = campaigns(args.campaigns)
+        if args.plan:
+            print("\n".join(plan(todo, args)))
+            return 0
+        if args.stop_at is None:
+            raise ConfigError("--stop-at: when the lanes end (HH:MM or +2h30m); or --plan")
         deadline = time.time() + seconds_until(args.stop_at)
     except ConfigError as e:
         print(f"lanes: {e}", file=sys.stderr)

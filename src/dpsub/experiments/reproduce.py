@@ -195,6 +195,20 @@ def status(job: tables.Job, cfg: DictConfig, done: list[tuple[Path, dict]]) -> s
 
 
 # --------------------------------------------------------------- output
+def steps_logged(job: tables.Job) -> int:
+    """The last step a run in progress logged (its metrics.jsonl; 0 without one)."""
+    try:
+        return max((int(m.get("step", 0)) for m in runs.RunDir(job.dir).metrics()), default=0)
+    except (OSError, ValueError, runs.RunError):  # no metrics.jsonl yet, a torn last line
+        return 0
+
+
+def left_fraction(job: tables.Job, steps) -> float:
+    """The share of a resumed run's steps still to run (its logged steps are done, up to
+    the checkpoint's at most ``train.log_every`` steps before)."""
+    return 1.0 if not steps else max(0.0, 1.0 - steps_logged(job) / int(steps))
+
+
 def print_grid(rows, states, gpu_factor: float) -> None:
     say("| variant | job | status | N | steps | s/step | est. CPU | est. GPU |")
     say("|---|---|---|---:|---:|---:|---:|---:|")
@@ -202,7 +216,9 @@ def print_grid(rows, states, gpu_factor: float) -> None:
     for r in rows:
         j, st = r["job"], states[r["job"].dir]
         pending = st in ("todo", "resume", "after tuning")
-        todo_s += r["sec"] if pending and math.isfinite(r["sec"]) else 0.0
+        left = r["sec"] * left_fraction(j, r["steps"]) if st == "resume" else r["sec"]
+        todo_s += left if pending and math.isfinite(left) else 0.0
+        st = f"resume@{steps_logged(j)}" if st == "resume" else st
         note = ""
         if r["why"]:
             note = f" [{reasons.setdefault(r['why'], len(reasons) + 1)}]"
