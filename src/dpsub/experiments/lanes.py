@@ -84,12 +84,14 @@ class Stop:
             for proc in self.children:
                 proc.send_signal(signal.SIGTERM)
 
-    def run(self, argv: list[str], **kw) -> int:
+    def run(self, argv: list[str], nice: int = 0, **kw) -> int:
         with self.lock:
             if self.event.is_set():
                 return -1
             proc = subprocess.Popen(argv, **kw)
             self.children.add(proc)
+        with contextlib.suppress(OSError):  # (not preexec_fn: unsafe beside threads)
+            os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
         try:
             return proc.wait()
         finally:
@@ -116,8 +118,8 @@ def lane(i: int, todo: list[list[str]], args, deadline: float, stop: Stop) -> No
             f.flush()
             # a session of its own: a terminal's Ctrl-C reaches it once, from Stop.handle
             # (a second signal would stop a job before its checkpoint)
-            rc = stop.run(argv, env=env, stdout=f, stderr=subprocess.STDOUT,
-                          start_new_session=True, preexec_fn=lambda: os.nice(args.nice))  # fmt: skip
+            rc = stop.run(argv, args.nice, env=env, stdout=f, stderr=subprocess.STDOUT,
+                          start_new_session=True)  # fmt: skip
         print(f"lane {i}: {' '.join(words[:3])}: exit {rc}", flush=True)
 
 
