@@ -38,8 +38,9 @@ re-renders the committed tables instead of re-running them.
 
 ``--stop-at HH:MM`` (or ``+2h30m``) ends a work period cleanly: at that time the running
 job finishes its step, writes its checkpoint and the command exits (code 143, as after a
-SIGTERM; 1 when it falls between jobs); no job starts after it. The same command, run again, resumes the job from its checkpoint and goes on.
-It needs the default launcher (jobs in this process).
+SIGTERM; 1 when it falls between jobs); no job starts after it. The same command, run
+again, resumes the job from its checkpoint and goes on. It needs the default launcher
+(jobs in this process).
 
 A bad table, setting or override is one line on stderr, exit code 2, nothing written.
 """
