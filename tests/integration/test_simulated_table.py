@@ -196,3 +196,35 @@ def test_copy_only_copies_finished_runs_small_files_and_renders_nothing(tmp_path
     copied = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
     run = "paper/mechanism=gep,epsilon=2,seed=0/"
     assert copied == [run + "ledger.json", run + "summary.json", run + "train.log"]
+
+
+def test_averaged_weights_are_tested_against_the_raw_ones_of_the_same_runs(tmp_path):
+    """train.ema_eval=both runs: the table pairs each run's averaged and raw final accuracy."""
+    make_table = load_script("make_table")
+    spec = tmp_path / "t.yaml"
+    spec.write_text(COMPARED)
+    table = tables.load_table(spec)
+    base = tables.setting_dir(tmp_path / "runs", table, "attr", []) / "paper"
+    for seed, (avg, raw) in enumerate([(0.45, 0.40), (0.46, 0.42), (0.44, 0.41)]):
+        d = base / f"mechanism=gep,epsilon=2,seed={seed}"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"test_accuracy": avg}))
+        rows = [{"step": 5, "test/accuracy": 0.1, "test/raw_accuracy": 0.1},
+                {"step": 10, "test/accuracy": avg, "test/raw_accuracy": raw}]  # fmt: skip
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    found = make_table.collect(
+        table, SimpleNamespace(setting="attr", extra=[], runs=tmp_path / "runs")
+    )
+    text = "\n".join(make_table.ema_lines(table, found, "attr"))
+    assert "| gep, 2 (paper) | 45.00 ± 1.00" in text and "41.00 ± 1.00" in text
+    assert "+4.00 > (p=" in text
+    assert (
+        make_table.ema_lines(
+            table,
+            make_table.collect(
+                table, SimpleNamespace(setting="long", extra=[], runs=tmp_path / "none")
+            ),
+            "long",
+        )
+        == []
+    )

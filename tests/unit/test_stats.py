@@ -145,3 +145,13 @@ def test_the_difference_of_gains_reduces_to_welch_when_one_arm_is_constant():
     same = stats.difference_of_gains(a1, a0, [v + 5 for v in a1], [v + 5 for v in a0])
     assert same.diff == pytest.approx(0) and same.p > 0.5 and same.lo < 0 < same.hi
     assert math.isnan(stats.difference_of_gains([1.0], a0, b1, b0).p)
+
+
+def test_the_paired_test_is_scipys_on_the_same_runs():
+    import scipy.stats
+
+    raw, avg = [40.0, 42.0, 41.0], [41.5, 43.0, 42.9]
+    c = stats.paired(raw, avg)
+    assert c.diff == pytest.approx(1.4666666) and c.mark == ">"
+    assert c.p == pytest.approx(scipy.stats.ttest_rel(avg, raw).pvalue)
+    assert stats.paired(raw, raw).mark == stats.TIE and stats.paired([1.0], [2.0]).mark == "n/a"

@@ -342,6 +342,39 @@ def check_lines(table, found, setting: str) -> list[str]:
     return [*out, "", *[f"- {v}" for v in verdicts], ""]
 
 
+def raw_final(job: tables.Job, split: str) -> float | None:
+    """A run's last ``<split>/raw_accuracy`` (the raw weights beside the averaged ones:
+    ``train.ema_eval=both``), in %; None without one."""
+    key = f"{split}/raw_accuracy"
+    run = RunDir(job.dir)
+    rows = [m[key] for m in run.metrics() if key in m] if run.metrics_path.is_file() else []
+    return 100.0 * rows[-1] if rows else None
+
+
+def ema_lines(table, found, setting: str) -> list[str]:
+    """Parameter averaging, where the runs also scored their raw weights: per cell, the
+    averaged weights' final accuracy against the raw weights' of the same runs (paired)."""
+    split = "validation" if "validation" in table.metric_of(setting) else "test"
+    out = []
+    for variant in ("paper", "tuned"):
+        for cell in table.cells(setting):
+            jobs = found[variant].get(tables.cell_id(cell), [])
+            pairs = [(raw_final(j, split), metric_values(table, [j])) for j in jobs]
+            pairs = [(r, v[0]) for r, v in pairs if r is not None and v]
+            if not pairs:
+                continue
+            c = stats.paired([r for r, _ in pairs], [e for _, e in pairs])
+            raw, avg = (stats.summarize([p[i] for p in pairs]).text() for i in (0, 1))
+            label = ", ".join(table.label(a, cell[a]) for a in table.axes_of(setting))
+            out.append(f"| {label} ({variant}) | {avg} | {raw} | {c.text()} |")
+    if not out:
+        return []
+    head = [f"**Parameter averaging** ({split} accuracy, %: the averaged weights against the raw "
+            f"weights of the same runs, paired t-test, {stats.ALPHA}):", "",
+            "| row | averaged | raw | averaged - raw |", "|---|---:|---:|---:|"]  # fmt: skip
+    return [*head, *out, ""]
+
+
 def compare_lines(table, args, found, setting: str) -> list[str]:
     """The setting's rows against rows of other settings (``compare``), one Welch test each:
     a reference takes the row's values of the axes its ``cell`` does not name."""
@@ -752,6 +785,7 @@ def readme(table, args, found, rec: dict, figs: list[Path], proj: dict) -> str:
         + verdict_lines(table, found, args.setting)
         + check_lines(table, found, args.setting)
         + compare_lines(table, args, found, args.setting)
+        + ema_lines(table, found, args.setting)
     )
     lines += [f"![{f.stem}]({f.name})" for f in figs] + [""]
     if proj:

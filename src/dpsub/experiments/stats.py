@@ -13,7 +13,10 @@ import math
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["ALPHA", "Comparison", "Gains", "Summary", "compare", "difference_of_gains", "summarize"]
+__all__ = [
+    "ALPHA", "Comparison", "Gains", "Summary", "compare", "difference_of_gains", "paired",
+    "summarize",
+]  # fmt: skip
 
 ALPHA = 0.05
 LEVEL = 0.95
@@ -83,6 +86,24 @@ def compare(a: list[float], b: list[float], alpha: float = ALPHA) -> Comparison:
         from scipy import stats
 
         p = float(stats.ttest_ind(b, a, equal_var=False).pvalue)
+    if p < alpha:
+        return Comparison(diff, p, ">" if diff > 0 else "<")
+    return Comparison(diff, p, TIE)
+
+
+def paired(a: list[float], b: list[float], alpha: float = ALPHA) -> Comparison:
+    """Two-sided paired t-test of ``b`` against ``a``: the same runs measured two ways (e.g.
+    their averaged and their raw weights), value i of each from run i."""
+    d = [float(y) - float(x) for x, y in zip(a, b, strict=True)]
+    diff = statistics.fmean(d) if d else math.nan
+    if len(d) < 2:
+        return Comparison(diff, math.nan, "n/a")
+    if statistics.stdev(d) == 0:  # the same difference in every run: t undefined
+        p = 1.0 if diff == 0 else 0.0
+    else:
+        from scipy import stats
+
+        p = float(stats.ttest_rel(b, a).pvalue)
     if p < alpha:
         return Comparison(diff, p, ">" if diff > 0 else "<")
     return Comparison(diff, p, TIE)
