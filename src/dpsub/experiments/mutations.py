@@ -463,6 +463,14 @@ MUTANTS = (
         ("tests/integration/test_coverage.py", "-k", "secure_mode_logs"),
     ),
     Mutant(
+        "cpu-time-not-named-uncovered",
+        "src/dpsub/rundir.py",
+        '    "cpu_seconds": "CPU time of the training loops: grows with the number of private examples "\n'
+        '    "the Poisson samples drew, no noise",\n',
+        "",
+        ("tests/integration/test_coverage.py", "-k", "throughput or tuning_run"),
+    ),
+    Mutant(
         "dphero-floor-dropped",
         "src/dpsub/mechanisms/dphero.py",
         "                s = s.clamp_min(1.0)",
