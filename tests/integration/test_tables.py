@@ -445,13 +445,20 @@ def test_the_deadline_signal_is_recorded_not_fatal_between_jobs():
 
     reproduce = load_script("reproduce")
     old = signal.getsignal(signal.SIGTERM)
+    timer = None
     try:
-        reproduce.Deadline.arm(0.05, "+0s")
-        time.sleep(1.0)
+        timer = reproduce.Deadline.arm(0.05, "+0s")
+        timer.join(60)  # fired (a busy machine may take a while to run the thread)
+        deadline = time.monotonic() + 60
+        while not reproduce.Deadline.reached and time.monotonic() < deadline:
+            time.sleep(0.05)  # the handler runs in the main thread, between bytecodes
         assert reproduce.Deadline.reached
         with pytest.raises(SystemExit, match="the same command resumes"):
             reproduce.Deadline.check()
     finally:
+        if timer is not None:
+            timer.cancel()  # never a SIGTERM after the handler is gone
+            timer.join()
         signal.signal(signal.SIGTERM, old)
         reproduce.Deadline.reached = False
 

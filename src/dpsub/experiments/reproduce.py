@@ -337,15 +337,17 @@ class Deadline:
         cls.reached = True
 
     @classmethod
-    def arm(cls, seconds: float, text: str) -> None:
+    def arm(cls, seconds: float, text: str) -> threading.Timer | None:
+        """Handle SIGTERM from now on; the timer that sends it (None: already reached)."""
         cls.text = text
         signal.signal(signal.SIGTERM, cls.handle)
         if seconds <= 0:
             cls.reached = True
-            return
+            return None
         timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGTERM))
         timer.daemon = True
         timer.start()
+        return timer
 
     @classmethod
     def check(cls) -> None:
