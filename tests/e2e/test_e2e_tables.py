@@ -142,6 +142,7 @@ def test_make_table_renders_the_runs_beside_the_paper(tiny):
     copied = dest / "paper" / "mechanism=dpsgd,epsilon=2,seed=1"
     assert sorted(p.name for p in copied.iterdir()) == [
         "config.yaml",
+        "ledger.json",  # the ledger its epsilon is recomputed from
         "metrics.jsonl",
         "summary.json",
         "train.log",
