@@ -34,7 +34,7 @@ def training_runs() -> list[RunDir]:
     out = []
     for r in find_runs(REPO / "results"):
         cfg = r.config()
-        if "train" in cfg and "mechanism" in cfg and "audit" not in cfg:
+        if "train" in cfg and "mechanism" in cfg and not {"audit", "pate"} & set(cfg):
             out.append(r)
     return out
 
