@@ -61,19 +61,23 @@ def test_carry_list_fits_64_mib(tmp_path):
 
 def test_slim_sets_aside_committed_results_and_harvest_brings_them_back(tmp_path):
     git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
-    for f in ("results/tables/t/summary.json", "results/pdpsgd/a.json", "src/x.py"):
+    for f in ("results/tables/gep1-cifar10/summary.json", "results/tables/gep-a3-cifar10/b.json",
+              "results/pdpsgd/a.json", "src/x.py"):  # fmt: skip
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text("x" * 700)
     git("init", "-q")
     git("add", ".")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
     full = stage.carry_bytes(tmp_path, carried=())
-    assert full == 3 * (512 + 1024)  # a tar: a header and the content padded to 512
+    assert full == 4 * (512 + 1024)  # a tar: a header and the content padded to 512
     assert stage.carry_bytes(tmp_path, carried=(), slimmed=True) == 2 * (512 + 1024)
-    assert stage.slim(tmp_path) == ["results/pdpsgd"]
-    assert not (tmp_path / "results/pdpsgd").exists() and (tmp_path / "results/tables/t").is_dir()
+    # every folder of results/ but tables/, and the tables no GPU campaign runs
+    aside = ["results/pdpsgd", "results/tables/gep-a3-cifar10"]
+    assert stage.slim(tmp_path) == aside
+    assert not (tmp_path / "results/pdpsgd").exists()
+    assert (tmp_path / "results/tables/gep1-cifar10").is_dir()
     assert stage.carry_bytes(tmp_path, carried=()) == 2 * (512 + 1024)
-    assert stage.unslim(tmp_path) == ["results/pdpsgd"]
+    assert stage.unslim(tmp_path) == aside
     assert (tmp_path / "results/pdpsgd/a.json").read_text() == "x" * 700
     (tmp_path / "results/pdpsgd/a.json").write_text("changed")
     with pytest.raises(stage.StageError, match="uncommitted"):

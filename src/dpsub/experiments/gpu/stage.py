@@ -74,7 +74,8 @@ def carry_list(
 ) -> list[tuple[Path, int]]:
     """(file, travel bytes) of everything one device call would send: the tree plus ``carried``
     (``slimmed``: without the folders :func:`slim` sets aside)."""
-    files = [p for p in git_files(root) if p.is_file() and not (slimmed and _slimmed(root, p))]
+    aside = {d.relative_to(root).parts for d in set_aside(root)} if slimmed else set()
+    files = [p for p in git_files(root) if p.is_file() and not _under(root, p, aside)]
     for c in carried:
         base = root / c
         if base.is_dir():
@@ -82,20 +83,32 @@ def carry_list(
     return [(p, travel_bytes(p.stat().st_size)) for p in dict.fromkeys(files)]
 
 
-def _slimmed(root: Path, p: Path) -> bool:
+def _under(root: Path, p: Path, aside: set[tuple[str, ...]]) -> bool:
     parts = p.relative_to(root).parts
-    return len(parts) > 2 and parts[0] == "results" and parts[1] not in SLIM_KEEP
+    return any(parts[: len(a)] == a for a in aside)
+
+
+def set_aside(root: Path) -> list[Path]:
+    """The folders of ``results/`` a GPU command never reads: all but ``results/tables``, and
+    in it the tables no GPU campaign runs (``cells.CAMPAIGNS``; e.g. the frozen-feature
+    tables, CPU-only): their runs cannot equal a cell's, so nothing would reuse them."""
+    from dpsub.experiments.gpu.cells import CAMPAIGNS
+
+    results, kit = root / "results", {c.table for c in CAMPAIGNS.values()}
+    out = [d for d in sorted(results.iterdir()) if d.is_dir() and d.name not in SLIM_KEEP]
+    tables = results / "tables"
+    if tables.is_dir():
+        out += [d for d in sorted(tables.iterdir()) if d.is_dir() and d.name not in kit]
+    return out
 
 
 def slim(root: Path) -> list[str]:
     """Set aside (delete from the working tree) the tracked folders of ``results/`` that a GPU
-    command never reads: all but ``results/tables`` (its finished cells are skipped). They are
-    committed, so :func:`unslim` (``git checkout``) brings them back. Refuses a folder with
-    uncommitted changes. Returns the folders removed."""
+    command never reads (:func:`set_aside`; the campaigns' tables stay: their finished cells
+    are skipped). They are committed, so :func:`unslim` (``git checkout``) brings them back.
+    Refuses a folder with uncommitted changes. Returns the folders removed."""
     removed = []
-    for d in sorted((root / "results").iterdir()):
-        if not d.is_dir() or d.name in SLIM_KEEP:
-            continue
+    for d in set_aside(root):
         rel = str(d.relative_to(root))
         dirty = subprocess.run(["git", "status", "--porcelain", "--", rel], cwd=root,
                                capture_output=True, text=True, check=True).stdout  # fmt: skip
@@ -115,7 +128,8 @@ def unslim(root: Path) -> list[str]:
                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
     if gone:
         subprocess.run(["git", "checkout", "--", *gone], cwd=root, check=True)
-    return sorted({"/".join(g.split("/")[:2]) for g in gone})
+    return sorted({"/".join(g.split("/")[: 3 if g.startswith("results/tables/") else 2])
+                   for g in gone})  # fmt: skip
 
 
 def carry_bytes(root: Path, carried: tuple[str, ...] = (GPU_DIR,), slimmed: bool = False) -> int:
