@@ -21,7 +21,12 @@ from helpers.runs import DEMO, kill_mid_run
 
 @needs_shared
 def test_torchrun_on_real_mnist_matches_one_process(tmp_path):
-    common = ("dataset=mnist", "train.batch_size=512", "train.max_steps=40", "optim.lr=2.0",
+    """Two ranks release what one process does: the same ledger and, after a few steps, the
+    same weights up to the order of float additions. (Accuracy after 40 steps at lr 2 was
+    compared before: those 1e-8 differences grow chaotically, to 3 points on 2026-11-27.)"""
+    import torch
+
+    common = ("dataset=mnist", "train.batch_size=512", "train.max_steps=3", "optim.lr=2.0",
               "optim.momentum=0.0", "train.eval_every=0", "logger.mode=disabled", "train.progress=false")  # fmt: skip
     proc = torchrun(
         "-m",
@@ -36,9 +41,12 @@ def test_torchrun_on_real_mnist_matches_one_process(tmp_path):
     run_cli(*common, run_dir=tmp_path / "one")
     two = json.loads((tmp_path / "two" / "summary.json").read_text())
     one = json.loads((tmp_path / "one" / "summary.json").read_text())
-    assert two["epsilon"] == one["epsilon"] and two["steps"] == one["steps"] == 40
-    assert two["test_accuracy"] == pytest.approx(one["test_accuracy"], abs=0.01)
-    assert two["test_accuracy"] > 0.7
+    assert two["epsilon"] == one["epsilon"] and two["steps"] == one["steps"] == 3
+    a, b = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=False)["state"]
+            for r in ("one", "two"))  # fmt: skip
+    assert a["ledger"] == b["ledger"]
+    for k, w in a["model"].items():
+        assert torch.allclose(w, b["model"][k], rtol=0, atol=1e-6), k
 
 
 def test_resume_with_a_different_number_of_ranks(tmp_path):
