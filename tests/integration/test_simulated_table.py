@@ -153,6 +153,8 @@ def test_a_setting_is_welch_tested_against_the_rows_of_another(tmp_path):
     found = make_table.collect(table, args)
     (row,) = [r for r in make_table.compare_lines(table, args, found, "attr") if "| gep, 2 |" in r]
     assert "`long` dpsgd (paper)" in row and "| -11.00 |" in row and "not significant" not in row
+    empty = {v: {} for v in ("paper", "tuned", "tune")}
+    assert make_table.compare_lines(table, args, empty, "attr") == []  # no runs: no section
 
 
 def test_a_comparison_names_another_setting_and_a_test_set_variant(tmp_path):

@@ -397,7 +397,7 @@ def compare_lines(table, args, found, setting: str) -> list[str]:
                 rlabel = f"`{ref['setting']}` {name} ({ref['variant']})"
                 out.append(compare_row(table, cell, setting, vals,
                                        cell_values(table, other, ref["variant"], rcell), rlabel))  # fmt: skip
-    return [*out, ""]
+    return [*out, ""] if len(out) > 4 else []  # no row of this setting has runs yet
 
 
 def compare_row(table, cell, setting: str, vals: list, ref_vals: list, rlabel: str) -> str:
