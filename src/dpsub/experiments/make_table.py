@@ -306,9 +306,9 @@ def verdict_lines(table, found, setting: str) -> list[str]:
     return [head, "", *out, ""] if out else []
 
 
-def eval_curve(job: tables.Job, split: str) -> dict[int, float]:
-    """step -> the accuracy of each evaluation in a run's metrics.jsonl."""
-    key = f"{split}/accuracy"
+def eval_curve(job: tables.Job, split: str, metric: str = "accuracy") -> dict[int, float]:
+    """step -> the ``<split>/<metric>`` of each evaluation in a run's metrics.jsonl."""
+    key = f"{split}/{metric}"
     return {int(m["step"]): m[key] for m in RunDir(job.dir).metrics() if key in m}
 
 
@@ -345,10 +345,10 @@ def check_lines(table, found, setting: str) -> list[str]:
 def raw_final(job: tables.Job, split: str) -> float | None:
     """A run's last ``<split>/raw_accuracy`` (the raw weights beside the averaged ones:
     ``train.ema_eval=both``), in %; None without one."""
-    key = f"{split}/raw_accuracy"
-    run = RunDir(job.dir)
-    rows = [m[key] for m in run.metrics() if key in m] if run.metrics_path.is_file() else []
-    return 100.0 * rows[-1] if rows else None
+    if not RunDir(job.dir).metrics_path.is_file():
+        return None
+    curve = eval_curve(job, split, "raw_accuracy")
+    return 100.0 * curve[max(curve)] if curve else None
 
 
 def ema_lines(table, found, setting: str) -> list[str]:
