@@ -475,6 +475,34 @@ def test_a_campaign_past_its_stop_time_starts_no_job(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--stop-at" in bad.stderr
 
 
+def test_fit_starts_no_job_that_would_end_after_the_stop_time(tmp_path):
+    """--fit: a job whose estimate (the step time its finished sibling recorded, x the margin)
+    ends after --stop-at is not started and the command says so; without an estimate
+    (nothing recorded) a job starts. --fit without --stop-at: exit 2."""
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    args = (spec, "--setting", "tiny", "--out", tmp_path / "runs", "logger=disabled",
+            "train.progress=false", "--only", "mechanism=dpsgd")  # fmt: skip
+    first = script("reproduce", *args, "--only", "seed=0", "--stop-at", "+1h", "--fit",
+                   cwd=tmp_path)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-2000:]  # unknown cost: it started
+    proc = script("reproduce", *args, "--stop-at", "+1h", "--fit", "--fit-margin", "1e9",
+                  cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "not started" in proc.stdout + proc.stderr and "(--fit)" in proc.stdout + proc.stderr
+    done = [p.parent.name for p in (tmp_path / "runs").rglob("summary.json")]
+    assert done == ["mechanism=dpsgd,epsilon=2,seed=0"]
+    bad = script("reproduce", *args, "--fit", cwd=tmp_path)
+    assert bad.returncode == 2 and "--fit: needs --stop-at" in bad.stderr
+
+
+def test_the_deadline_fits_a_job_that_ends_before_it(monkeypatch):
+    reproduce = load_script("reproduce")
+    monkeypatch.setattr(reproduce.Deadline, "at", __import__("time").time() + 100)
+    assert reproduce.Deadline.fits(50) and reproduce.Deadline.fits(None)
+    assert reproduce.Deadline.fits(float("nan")) and not reproduce.Deadline.fits(200)
+
+
 def test_the_lanes_campaigns_are_valid_reproduce_commands(tmp_path):
     """conf/lanes/cpu.yaml: every entry names a table, a setting and reproduce.py's flags."""
     lanes, reproduce = load_script("lanes"), load_script("reproduce")

@@ -11,7 +11,10 @@ A campaign that is done, or whose remaining jobs another lane holds (each run di
 by its process), returns and the lane goes on to the next; the lanes start ``--stagger``
 seconds apart so they do not race for the same job. At ``--stop-at`` every lane's job
 finishes its step and writes its checkpoint (reproduce.py's ``--stop-at``), and the lanes
-end: the same command in the next work period resumes the jobs where they stopped. Finished
+end: the same command in the next work period resumes the jobs where they stopped. A job
+whose estimated time (recorded step times) would end after ``--stop-at`` is not started
+(``--fit``, the default; ``--no-fit`` starts it): where a work period's machine does not last
+into the next one, as on this project's own, its checkpoint would be lost. Finished
 runs are not committed here: ``make_table.py TABLE --setting S --runs OUT --copy-only``
 copies their small files beside the table (to commit as they finish; without
 ``--copy-only`` it also renders the table). Each lane's output goes to
@@ -112,7 +115,8 @@ def lane(i: int, todo: list[list[str]], args, deadline: float, stop: Stop) -> No
         if left < MARGIN_S or stop.event.is_set():
             break
         argv = [sys.executable, str(script), *words, "--out", str(args.out),
-                "--stop-at", f"+{int(left)}s", *args.overrides]  # fmt: skip
+                "--stop-at", f"+{int(left)}s", *(["--fit"] if args.fit else []),
+                *args.overrides]  # fmt: skip
         with log.open("a") as f:
             f.write(f"\n$ {shlex.join(argv)}\n")
             f.flush()
@@ -159,6 +163,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=project_root() / "outputs" / "tables")
     p.add_argument("--stagger", type=float, default=30.0, help="seconds between lane starts")
     p.add_argument("--nice", type=int, default=5)
+    p.add_argument("--fit", action=argparse.BooleanOptionalAction, default=True,
+                   help="start a job only if its estimated time ends before --stop-at "
+                        "(reproduce.py --fit; default): a machine that does not last from one "
+                        "period to the next loses an unfinished job's checkpoint")  # fmt: skip
     return p.parse_intermixed_args(argv)
 
 

@@ -57,6 +57,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -309,10 +310,12 @@ def link_reused(jobs, states) -> None:
             say(f"reuse {j.variant}/{j.name} -> {target}")
 
 
-def launch(jobs: list[tables.Job], sweep_dir: Path, hydra_ov: list[str]) -> None:
-    """One Hydra multirun over ``jobs`` (the task below runs job number ``reproduce.index``)."""
+def launch(jobs: list[tables.Job], sweep_dir: Path, hydra_ov: list[str], fit=None) -> None:
+    """One Hydra multirun over ``jobs`` (the task below runs job number ``reproduce.index``;
+    ``fit``: a job's estimated seconds, checked against ``--stop-at`` when it would start)."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    spec = [{"dir": str(j.dir), "overrides": j.hydra_overrides()} for j in jobs]
+    spec = [{"dir": str(j.dir), "overrides": j.hydra_overrides(), "fit_s": (fit or {}).get(j.dir)}
+            for j in jobs]  # fmt: skip
     (sweep_dir / "jobs.json").write_text(json.dumps(spec, indent=1))
     index = ",".join(str(i) for i in range(len(jobs)))
     sys.argv = [
@@ -331,6 +334,7 @@ class Deadline:
 
     reached = False
     text = ""
+    at = math.inf  # the deadline (time.time()); inf: none armed
 
     @classmethod
     def handle(cls, signum, frame) -> None:
@@ -339,7 +343,7 @@ class Deadline:
     @classmethod
     def arm(cls, seconds: float, text: str) -> threading.Timer | None:
         """Handle SIGTERM from now on; the timer that sends it (None: already reached)."""
-        cls.text = text
+        cls.text, cls.at = text, time.time() + seconds
         signal.signal(signal.SIGTERM, cls.handle)
         if seconds <= 0:
             cls.reached = True
@@ -354,6 +358,11 @@ class Deadline:
         if cls.reached:
             raise SystemExit(f"reproduce: stopped at --stop-at {cls.text}, before the next job; "
                              "the same command resumes")  # fmt: skip
+
+    @classmethod
+    def fits(cls, seconds: float | None) -> bool:
+        """A job estimated at ``seconds`` ends before the deadline (unknown: it may start)."""
+        return seconds is None or not math.isfinite(seconds) or time.time() + seconds <= cls.at
 
 
 def seconds_until(text: str, now: dt.datetime | None = None) -> float:
@@ -381,6 +390,10 @@ def _task(cfg: DictConfig) -> float:
     from dpsub.config import compose
 
     job = json.loads(Path(cfg.reproduce.jobs).read_text())[int(cfg.reproduce.index)]
+    if not Deadline.fits(job.get("fit_s")):
+        log.info("job %s: not started, its estimated %s would end after --stop-at %s (--fit)",
+                 job["dir"], costs.hms(job["fit_s"]), Deadline.text)  # fmt: skip
+        return math.nan
     jcfg = compose(job["overrides"])  # validated by compose_all (Hydra: hydra_main's)
     return run_job(jcfg, Path(job["dir"]), train_run, f"job {job['dir']}")
 
@@ -405,7 +418,18 @@ def run_phase(jobs, args, hydra_ov, label: str) -> None:
         f"{len(pending)} to run")  # fmt: skip
     if pending:
         stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        launch(pending, base / ".sweeps" / stamp, hydra_ov)
+        fit = fit_seconds(pending, args) if args.fit else {}
+        launch(pending, base / ".sweeps" / stamp, hydra_ov, fit)
+
+
+def fit_seconds(jobs: list[tables.Job], args) -> dict[Path, float]:
+    """``--fit``: each job's estimated wall time left (its recorded step times, a resumed
+    run's remaining steps, times ``--fit-margin``); NaN where no step time is known."""
+    rows, _ = costs.estimate(jobs, compose_all(jobs), args.out, [args.out, COMMITTED], None,
+                             lambda msg: None)  # fmt: skip
+    return {
+        r["job"].dir: r["sec"] * left_fraction(r["job"], r["steps"]) * args.fit_margin for r in rows
+    }
 
 
 def run_tuning(jobs, args, table, hydra_ov) -> None:
@@ -467,6 +491,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="at this local time (or after +2h30m / +45m / +90s) the running job "
                         "checkpoints and the command exits; the same command resumes "
                         "(default launcher only)")  # fmt: skip
+    p.add_argument("--fit", action="store_true",
+                   help="with --stop-at: start a job only if its estimated time (recorded step "
+                        "times) ends before the deadline; the others wait for the next period "
+                        "(for machines that do not keep a checkpoint from one period to the "
+                        "next); a job of unknown cost starts")  # fmt: skip
+    p.add_argument(
+        "--fit-margin",
+        type=float,
+        default=1.15,
+        help="with --fit: the estimate is multiplied by this (default 1.15)",
+    )
     p.add_argument("--gpu-speedup", type=float, default=30.0,
                    help="assumed speed of a GPU over one core of the CPU the step times are "
                         "for, for the GPU estimate (default 30)")  # fmt: skip
@@ -489,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         compose_all(jobs + tuned)  # every config valid before anything is written
         stop = None if args.stop_at is None else seconds_until(args.stop_at)
+        if args.fit and stop is None:
+            raise ConfigError("--fit: needs --stop-at (the deadline a job must end before)")
         if stop is not None and any(o.startswith("hydra/launcher=") for o in hydra_ov):
             raise ConfigError("--stop-at: needs the default launcher (jobs in this process)")
     except ConfigError as e:
