@@ -112,3 +112,22 @@ def test_run_average_timing_spans_the_whole_run_across_resumes(tmp_path):
     steps = first["steps_per_s"] * first["run_seconds"]
     assert again["steps_per_s"] == pytest.approx(steps / again["run_seconds"])
     assert 0 < first["cpu_seconds"] <= again["cpu_seconds"] <= first["cpu_seconds"] + 1.0
+
+
+def test_cpu_time_is_left_out_when_a_resume_cannot_know_it(tmp_path):
+    """A checkpoint written before cpu_seconds was recorded: after the resume the CPU time
+    of the steps before it is unknown, so summary.json has none (not the resumed part's,
+    which once made a 1,000-step run look 7x cheaper than it was)."""
+    import torch
+
+    run_dir = tmp_path / "run"
+    train(compose_cfg(*SHORT), run_dir)
+    ckpt = run_dir / "checkpoint.pt"
+    state = torch.load(ckpt, weights_only=False)
+    del state["state"]["cpu_seconds"]
+    torch.save(state, ckpt)
+    (run_dir / "summary.json").unlink()
+    train(compose_cfg(*SHORT), run_dir, resume=True)  # no step left: the summary again
+    s = summary(run_dir)
+    assert s["run_seconds"] > 0 and "cpu_seconds" not in s
+    assert set(s["not_covered_statistics"]) == TIMING - {"cpu_seconds"}

@@ -77,8 +77,9 @@ class Run:
     uncovered: list[str] = field(default_factory=list)
     run_seconds: float = 0.0  # wall time of the training loops so far (checkpointed)
     #: the process's CPU time over the same loops (checkpointed): unlike run_seconds it does
-    #: not grow while the process is paused or waits for a core another process holds
-    cpu_seconds: float = 0.0
+    #: not grow while the process is paused or waits for a core another process holds;
+    #: None: unknown (resumed from a checkpoint written before it was recorded)
+    cpu_seconds: float | None = 0.0
     ema: EMA | None = None  # train.ema: the averaged weights evaluated and saved
 
     @property
@@ -400,7 +401,8 @@ def load_run_state(run: Run, state: dict) -> None:
     run.step = int(state["step"])
     run.uncovered = list(state.get("uncovered", []))
     run.run_seconds = float(state.get("run_seconds", 0.0))
-    run.cpu_seconds = float(state.get("cpu_seconds", 0.0))
+    cpu = state.get("cpu_seconds")  # a checkpoint older than it: the part before is unknown
+    run.cpu_seconds = float(cpu) if cpu is not None else (None if run.run_seconds > 0 else 0.0)
     if run.ema is not None:
         run.ema.load_state_dict(state["ema"])
 

@@ -411,7 +411,8 @@ class _Saver:
 
     def tick(self) -> None:
         self.run.run_seconds = self.seconds_before + time.perf_counter() - self.start
-        self.run.cpu_seconds = self.cpu_before + time.process_time() - self.cpu_start
+        if self.cpu_before is not None:  # None: unknown since a resume, stays unknown
+            self.run.cpu_seconds = self.cpu_before + time.process_time() - self.cpu_start
 
     def __call__(self, clean: bool = False) -> None:  # clean: no step runs after it (stop, end)
         run = self.run
@@ -551,8 +552,8 @@ def run_timing(run: Run) -> dict[str, float]:
     """Run-average throughput (none in secure mode: timing tracks the private batch sizes)."""
     if run.secure or run.run_seconds <= 0:
         return {}
-    return {"run_seconds": run.run_seconds, "steps_per_s": run.step / run.run_seconds,
-            "cpu_seconds": run.cpu_seconds}  # fmt: skip
+    cpu = {} if run.cpu_seconds is None else {"cpu_seconds": run.cpu_seconds}
+    return {"run_seconds": run.run_seconds, "steps_per_s": run.step / run.run_seconds, **cpu}
 
 
 def _finish(run, run_dir, logger, checkpoint, stopped_by_budget, final_eval) -> RunResult:
