@@ -270,6 +270,27 @@ def test_recorded_step_times_come_from_cpu_runs_only(tmp_path):
     assert costs.recorded_step_times([tmp_path], {key}) == {key: pytest.approx(0.3)}
 
 
+def test_a_step_time_from_the_log_ignores_a_paused_window(tmp_path):
+    """No cpu_seconds (a run older than it): the rate between train.log's step lines without
+    the windows 5x slower than the median (4 s a step, one window 5 s; one paused for an
+    hour, one across midnight), not the run average the pause inflated (a K = 4 run once
+    read 10.6 s a step for ~4)."""
+    cfg = compose_cfg("experiment=dpsgd_mnist")
+    key = costs.timing_key(cfg)
+    d = tmp_path / "run"
+    d.mkdir()
+    OmegaConf.save(cfg, d / "config.yaml")
+    (d / "summary.json").write_text(json.dumps({"steps_per_s": 0.05, "steps": 50}))
+    (d / "metrics.jsonl").write_text("")
+    stamps = ["23:58:00", "23:58:40", "23:59:20", "00:00:00", "01:00:40", "01:01:30"]
+    log = [f"[{t}][INFO] step {10 * (i + 1)}/50 | epsilon 1.0" for i, t in enumerate(stamps)]
+    log.insert(
+        3, "[00:00:01][INFO] resumed run at step 20; steps after it logged above are run again"
+    )
+    (d / "train.log").write_text("\n".join(log) + "\n")
+    assert costs.recorded_step_times([tmp_path], {key}) == {key: pytest.approx(170 / 40)}
+
+
 def test_make_table_help_stops_after_the_help_and_the_default_setting_agrees():
     """`make table ARGS=--help` prints reproduce.py's help and renders nothing (it used to fail
     in make_table.py); `make table`, reproduce.py and make_table.py share one default setting."""

@@ -4,8 +4,8 @@ A step's cost depends on its :func:`timing_key` (image shape, model, mechanism w
 clip thresholds, batch, gradient engine, device, anchors), not on lr, epsilon or seed. Step
 times come, in this order, from an earlier ``--time`` on this machine (``<out>/.step_times.json``,
 machine -> timing key -> seconds), from those committed with the repository
-(``results/tables/step_times.json``), or from the steps_per_s that finished runs of the same
-setting recorded. :func:`time_step` measures one with the trainer's own ``build_run`` /
+(``results/tables/step_times.json``), or from finished runs of the same setting (their CPU
+seconds a step, else the pace of their train.log without its pauses, else steps_per_s). :func:`time_step` measures one with the trainer's own ``build_run`` /
 ``train_step`` on synthetic data of the same shape. N is the private training set after
 the auxiliary and validation carve-outs; where the data is absent, the official release's
 size stands in (:func:`dpsub.data.registry.published_train_size`).
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -134,8 +135,10 @@ def train_size(cfg: DictConfig) -> tuple[int | None, str]:
 def recorded_step_times(roots: list[Path], want: set[str]) -> dict[str, float]:
     """timing key (of ``want``) -> seconds per step measured by finished CPU runs under
     ``roots`` (their summary.json's cpu_seconds per step, which a paused or core-starved
-    run does not inflate, else its run-average steps_per_s, or older runs' per-window ones
-    in metrics.jsonl; median over runs). A GPU run's rate is not a CPU step time: skipped."""
+    run does not inflate; else the median rate between the step lines of its train.log,
+    which a pause inflates in one window only; else its run-average steps_per_s, or older
+    runs' per-window ones in metrics.jsonl; median over runs). A GPU run's rate is not a
+    CPU step time: skipped."""
     seen: dict[str, list[float]] = {}
     for root in roots:
         for run in runs.find_runs(root) if Path(root).is_dir() else []:
@@ -143,7 +146,7 @@ def recorded_step_times(roots: list[Path], want: set[str]) -> dict[str, float]:
                 key = timing_key(run.config_dict())
                 if key not in want or run.device_type() != "cpu":
                     continue
-                rates = cpu_rate(run)
+                rates = cpu_rate(run) or log_rate(run)
                 if not rates:
                     rates = [r["steps_per_s"] for r in run.metrics() if r.get("steps_per_s")]
                     if run.finished:  # newer runs: the run average only
@@ -154,6 +157,34 @@ def recorded_step_times(roots: list[Path], want: set[str]) -> dict[str, float]:
             if rates:
                 seen.setdefault(key, []).append(1 / statistics.median(rates))
     return {k: statistics.median(v) for k, v in seen.items()}
+
+
+_STEP_LINE = re.compile(r"^\[(\d\d):(\d\d):(\d\d)\]\[INFO\] step (\d+)/\d+ ")
+
+
+def log_rate(run) -> list[float]:
+    """[steps per second between the step lines of the run's train.log], over the windows
+    no slower than 5x the median window (a pause or a starved core is left out, a refit or
+    an evaluation kept); a resume, which logs steps again, starts a new series; a window
+    across midnight is counted modulo a day; [] with fewer than 3 windows."""
+    try:
+        lines = (run.path / runs.LOG).read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    windows, last = [], None  # (steps, seconds)
+    for line in lines:
+        m = _STEP_LINE.match(line)
+        if not m:
+            continue
+        t, step = int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3]), int(m[4])
+        if last is not None and step > last[1] and (t - last[0]) % 86400 > 0:
+            windows.append((step - last[1], (t - last[0]) % 86400))
+        last = (t, step)
+    if len(windows) < 3:
+        return []
+    typical = statistics.median(sec / steps for steps, sec in windows)
+    kept = [(steps, sec) for steps, sec in windows if sec / steps <= 5 * typical]
+    return [sum(steps for steps, _ in kept) / sum(sec for _, sec in kept)]
 
 
 def cpu_rate(run) -> list[float]:
