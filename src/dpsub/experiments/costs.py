@@ -5,8 +5,9 @@ clip thresholds, batch, gradient engine, device, anchors), not on lr, epsilon or
 times come, in this order, from an earlier ``--time`` on this machine (``<out>/.step_times.json``,
 machine -> timing key -> seconds), from those committed with the repository
 (``results/tables/step_times.json``), or from finished runs of the same setting (their CPU
-seconds a step, else the pace of their train.log without its pauses, else steps_per_s). :func:`time_step` measures one with the trainer's own ``build_run`` /
-``train_step`` on synthetic data of the same shape. N is the private training set after
+seconds a step, else the pace of their train.log without its pauses, else steps_per_s).
+:func:`time_step` measures one with the trainer's own ``build_run`` / ``train_step`` on
+synthetic data of the same shape. N is the private training set after
 the auxiliary and validation carve-outs; where the data is absent, the official release's
 size stands in (:func:`dpsub.data.registry.published_train_size`).
 """
@@ -135,8 +136,8 @@ def train_size(cfg: DictConfig) -> tuple[int | None, str]:
 def recorded_step_times(roots: list[Path], want: set[str]) -> dict[str, float]:
     """timing key (of ``want``) -> seconds per step measured by finished CPU runs under
     ``roots`` (their summary.json's cpu_seconds per step, which a paused or core-starved
-    run does not inflate; else the median rate between the step lines of its train.log,
-    which a pause inflates in one window only; else its run-average steps_per_s, or older
+    run does not inflate; else the pace of its train.log's step lines without the paused
+    windows (:func:`log_rate`); else its run-average steps_per_s, or older
     runs' per-window ones in metrics.jsonl; median over runs). A GPU run's rate is not a
     CPU step time: skipped."""
     seen: dict[str, list[float]] = {}

@@ -418,14 +418,15 @@ def run_phase(jobs, args, hydra_ov, label: str) -> None:
         f"{len(pending)} to run")  # fmt: skip
     if pending:
         stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        fit = fit_seconds(pending, args) if args.fit else {}
+        fit = fit_seconds(pending, cfgs, args) if args.fit else {}
         launch(pending, base / ".sweeps" / stamp, hydra_ov, fit)
 
 
-def fit_seconds(jobs: list[tables.Job], args) -> dict[Path, float]:
+def fit_seconds(jobs: list[tables.Job], cfgs: dict, args) -> dict[Path, float]:
     """``--fit``: each job's estimated wall time left (its recorded step times, a resumed
-    run's remaining steps, times ``--fit-margin``); NaN where no step time is known."""
-    rows, _ = costs.estimate(jobs, compose_all(jobs), args.out, [args.out, COMMITTED], None,
+    run's remaining steps, times ``--fit-margin``); NaN where no step time is known.
+    ``cfgs``: the jobs' composed configs (run_phase's)."""
+    rows, _ = costs.estimate(jobs, cfgs, args.out, [args.out, COMMITTED], None,
                              lambda msg: None)  # fmt: skip
     return {
         r["job"].dir: r["sec"] * left_fraction(r["job"], r["steps"]) * args.fit_margin for r in rows
