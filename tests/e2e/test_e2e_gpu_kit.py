@@ -73,8 +73,9 @@ def test_tiny_kit_runs_every_step_and_continues_a_cell(tmp_path, monkeypatch):
     assert "no --gep-authors" in record["steps"]["bench"]["gep_authors"]
 
     written = harvest(out1, here)
-    assert (here / "results/gpu/check.json").is_file()
-    assert "passed" in (here / "results/gpu/pytest.log").read_text()
+    (record,) = (here / "results/gpu").iterdir()  # one folder per command: <start>-<device>
+    assert (record / "check.json").is_file() and (record / "gpu_run.log").is_file()
+    assert "passed" in (record / "pytest.log").read_text()
     assert "| gep |" in (here / "results/bench/cpu_tiny.md").read_text()
     carried = list((here / ".gpu/cells").rglob("checkpoint.pt"))
     assert len(carried) == 1 and "in progress" in " ".join(written)

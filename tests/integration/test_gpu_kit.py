@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -242,3 +243,81 @@ def test_a_tuned_campaign_extends_its_edge_then_queues_its_picks(tmp_path):
         (h, s) for s in (0, 1, 2) for h in ("reparam", "full")]  # fmt: skip
     assert all("optim.lr=2.0" in j.overrides for j in tuned)
     assert not any("validation_size" in o for j in tuned for o in j.overrides)
+
+
+def _cell(root: Path, name: str, ckpt_bytes: int, finished: bool = False) -> Path:
+    d = root / "results/tables/t/s/tune" / name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text("x: 1\n")
+    (d / "train.log").write_text("step 1\n")
+    (d / cells.CKPT).write_bytes(b"\0" * ckpt_bytes)
+    if finished:
+        (d / cells.SUMMARY).write_text("{}")
+    return d
+
+
+def test_a_checkpoint_too_large_to_come_back_never_takes_finished_cells_with_it(
+    tmp_path, monkeypatch
+):
+    """2026-11-27 on an H200: one tar held a finished GEP cell and an unfinished one's 360 MB
+    checkpoint, so the tar was over 16 MiB and the finished cell was lost. Now the small files
+    come back in cells.tar, and a checkpoint only in ckpt.tar, only when it fits one file."""
+    monkeypatch.setattr(cells, "OUT_MAX_FILE", 8 * 1024)
+    root, out = tmp_path / "dev", tmp_path / "out"
+    out.mkdir()
+    done = _cell(root, "mechanism=gep,lr=1,seed=1", 20_000, finished=True)
+    big = _cell(root, "mechanism=gep,lr=1,seed=2", 20_000)
+    small = _cell(root, "mechanism=dpsgd,lr=1,seed=2", 1_000)
+    lines = []
+    runner = cells.CellRunner(root, out / "cells.tar", {}, 0.0, log=lines.append)
+    runner.touched = [done, big, small]
+    runner.pack()
+    with tarfile.open(out / "cells.tar") as tar:
+        names = tar.getnames()
+    assert not any(n.endswith(cells.CKPT) for n in names)
+    assert any(n.endswith("seed=1/summary.json") for n in names)
+    with tarfile.open(out / cells.CKPT_TAR) as tar:
+        assert [Path(n).parent.name for n in tar.getnames()] == [small.name]
+    assert runner.too_big == {cells.sibling_key(big): 20_000}
+    assert any("too large to come back" in line for line in lines)
+
+    here = tmp_path / "here"
+    stale = here / ".gpu/cells" / big.relative_to(root)
+    stale.mkdir(parents=True)
+    (stale / cells.CKPT).write_bytes(b"old")  # an earlier command's: it no longer matches
+    written = harvest(out, here)
+    assert (here / done.relative_to(root) / cells.SUMMARY).is_file()
+    assert not (here / done.relative_to(root) / cells.CKPT).exists()
+    assert (here / ".gpu/cells" / small.relative_to(root) / cells.CKPT).stat().st_size == 1_000
+    assert not stale.exists()
+    assert any("did not come back (it restarts)" in w for w in written)
+
+
+def test_a_cell_whose_checkpoint_cannot_come_back_starts_only_if_a_sibling_fits(tmp_path):
+    runner = cells.CellRunner(tmp_path, tmp_path / "cells.tar", {}, time.time() + 200.0)
+    job = type("Job", (), {"dir": tmp_path / "t/s/paper/mechanism=gep,epsilon=8,seed=2"})()
+    key = cells.sibling_key(job.dir)
+    runner.took[key] = 265.0  # seed 1 took 265 s; 200 s are left
+    assert runner.cannot_finish(job) is None  # its checkpoint could still come back
+    runner.too_big[key] = 360 * stage.MiB
+    assert "cannot come back" in runner.cannot_finish(job)
+    runner.took[key] = 100.0
+    assert runner.cannot_finish(job) is None
+
+
+def test_harvest_keeps_every_command_s_record_in_its_own_folder(tmp_path):
+    root = tmp_path / "root"
+    for i, (started, device) in enumerate(
+        [("2026-11-26T17:53:46Z", "NVIDIA H100 80GB HBM3"), ("2026-11-27T15:37:19Z", "NVIDIA H200")]
+    ):
+        out = tmp_path / f"out{i}"
+        out.mkdir()
+        record = {"started": started, "steps": {"check": {"device": device}}}
+        (out / "gpu_run.json").write_text(json.dumps(record))
+        (out / "gpu_run.log").write_text(f"log {i}\n")
+        harvest(out, root)
+    logs = {p.parent.name: p.read_text() for p in (root / "results/gpu").glob("*/gpu_run.log")}
+    assert logs == {
+        "2026-11-26T1753-nvidia-h100-80gb-hbm3": "log 0\n",
+        "2026-11-27T1537-nvidia-h200": "log 1\n",
+    }

@@ -17,11 +17,17 @@ so a finished tuning grid brings its extension or its picks into the same comman
 Each cell is an ordinary table job (:func:`dpsub.experiments.tables.plan_jobs`: its run dir is where
 ``scripts/reproduce.py`` puts it, ``results/tables/<table>/<setting>/<variant>/<cell>``),
 trained by ``python -m dpsub.cli.train`` in a child process that checkpoints every
-``checkpoint_every`` steps. The runner packs the cells it touched into ``$OUT/cells.tar``
-after every new checkpoint, and sends SIGTERM before its deadline (the trainer finishes the
+``checkpoint_every`` steps. After every new checkpoint the runner packs the cells it touched
+into two files of ``$OUT``: ``cells.tar`` holds their small files and never a checkpoint (so
+a finished cell always comes back), ``ckpt.tar`` the checkpoints of unfinished cells that fit
+one returned file (16 MiB). It sends SIGTERM before its deadline (the trainer finishes the
 step, checkpoints and exits), so a cell continues exactly where it stopped: ``--harvest``
 puts unfinished cells (with their checkpoint) into ``.gpu/cells/``, which travels with the
 next command, and finished ones (without it) into ``results/tables/``.
+
+A checkpoint too large to come back (GEP's basis at k = 1,000 on ResNet20: 360 MB) means
+that cell must finish within the command: the runner then skips a sibling cell (same
+folder, same mechanism) when the time a finished sibling took exceeds the time left.
 """
 
 from __future__ import annotations
@@ -37,12 +43,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpsub.experiments.gpu.stage import GPU_DIR
+from dpsub.experiments.gpu.stage import GPU_DIR, OUT_MAX_FILE, MiB
 from dpsub.rundir import RunDir
 
 EPSILON_ORDER = (8, 2, 5)
 MECHANISM_ORDER = ("dpsgd", "gep", "bgep")
 CKPT, CKPT_TMP, SUMMARY = "checkpoint.pt", "checkpoint.tmp", "summary.json"
+CKPT_TAR = "ckpt.tar"  # beside cells.tar: the checkpoints that fit one returned file
 
 #: the tiny setting (CPU tests): synthetic MNIST-shaped data, a small model and subspace
 TINY_OVERRIDES = {
@@ -179,6 +186,9 @@ class CellRunner:
     def __post_init__(self) -> None:
         self.touched: list[Path] = []
         self.log_file = Path(self.work or self.tar_path.parent) / "cells.log"
+        self.ckpt_path = self.tar_path.with_name(CKPT_TAR)
+        self.took: dict[tuple, float] = {}  # sibling key -> seconds of a cell run start to end
+        self.too_big: dict[tuple, int] = {}  # sibling key -> bytes of a checkpoint left here
 
     def argv(self, job) -> list[str]:
         base = [sys.executable, "-m", "dpsub.cli.train"]
@@ -206,6 +216,10 @@ class CellRunner:
             if self.deadline - time.time() < self.min_cell_s:
                 self.log(f"cells: {self.deadline - time.time():.0f} s left, stopping the queue")
                 break
+            why = self.cannot_finish(job)
+            if why:
+                self.log(f"cells: skip {job.name}: {why}")
+                continue
             restored = restore_carried(job, self.root)
             status = self.run_one(job)
             out.append({"cell": job.name, "status": status, "restored": restored})
@@ -215,9 +229,19 @@ class CellRunner:
                 break
         return out
 
+    def cannot_finish(self, job) -> str | None:
+        """Why ``job`` would be lost here: its checkpoint cannot come back and a finished
+        sibling took longer than the time left (``None``: start it)."""
+        key, left = sibling_key(job.dir), self.deadline - time.time() - self.grace_s
+        took, size = self.took.get(key), self.too_big.get(key)
+        if took is None or size is None or took <= left:
+            return None
+        return (f"a sibling took {took:.0f} s, {max(left, 0):.0f} s are left, and its "
+                f"checkpoint ({size / MiB:.0f} MiB) cannot come back")  # fmt: skip
+
     def run_one(self, job) -> str:
         """finished | interrupted (checkpointed) | failed."""
-        argv = self.argv(job)
+        argv, t0 = self.argv(job), time.time()
         self.log(
             f"cells: {'resume' if 'resume=' in argv[3] else 'start'} {rel(job.dir, self.root)}"
         )
@@ -232,6 +256,8 @@ class CellRunner:
             rc = self._watch(proc, job)
         self.pack()
         if job.finished and rc == 0:
+            if "resume=" not in argv[3]:  # a whole run: what a sibling from step 0 takes
+                self.took[sibling_key(job.dir)] = time.time() - t0
             return "finished"
         if (job.dir / CKPT).is_file() and rc in (0, 128 + signal.SIGTERM):
             return "interrupted"
@@ -263,21 +289,63 @@ class CellRunner:
         return time.time()
 
     def pack(self) -> None:
-        """``tar_path``: every touched run dir (checkpoint included) and the cells log."""
-        tmp = self.tar_path.with_name(self.tar_path.name + ".part")
-        with tarfile.open(tmp, "w") as tar:
-            for d in dict.fromkeys(self.touched):
-                if d.is_dir():
-                    for p in sorted(d.rglob("*")):
-                        if p.is_file() and p.name != CKPT_TMP:
-                            tar.add(p, arcname=str(rel(p, self.root)))
-            if self.log_file.is_file():
-                tar.add(self.log_file, arcname="cells.log")
-        os.replace(tmp, self.tar_path)
+        """``cells.tar``: every touched run dir without its checkpoint, and the cells log;
+        ``ckpt.tar``: the unfinished cells' checkpoints that fit one returned file."""
+        small, ckpts = [], []
+        for d in dict.fromkeys(self.touched):
+            for p in sorted(d.rglob("*")) if d.is_dir() else []:
+                if p.is_file() and p.suffix != ".tmp":  # (a file being written: next time)
+                    (ckpts if p.name == CKPT else small).append(p)
+        members = [(p, str(rel(p, self.root))) for p in small]
+        if self.log_file.is_file():
+            members.append((self.log_file, "cells.log"))
+        write_tar(self.tar_path, members)
+        travel = [(p, str(rel(p, self.root))) for p in self.travelling(ckpts)]
+        if travel:
+            write_tar(self.ckpt_path, travel)
+        else:
+            self.ckpt_path.unlink(missing_ok=True)
+
+    def travelling(self, ckpts: list[Path]) -> list[Path]:
+        """The checkpoints (latest cell first) whose tar stays within one returned file."""
+        out, total = [], 1024  # the tar's end blocks
+        for p in reversed(ckpts):
+            if (p.parent / SUMMARY).is_file():
+                continue
+            cost = 512 + -(-p.stat().st_size // 512) * 512
+            if total + cost <= OUT_MAX_FILE:
+                out.append(p)
+                total += cost
+                continue
+            key = sibling_key(p.parent)
+            if key not in self.too_big:
+                self.log(f"cells: {p.parent.name}: its checkpoint ({p.stat().st_size / MiB:.0f}"
+                         " MiB) is too large to come back; the cell must finish here")  # fmt: skip
+            self.too_big[key] = p.stat().st_size
+        return out
 
 
-def harvest_cells(tar_path: Path, root: Path) -> list[str]:
-    """Finished cells -> ``results/tables/...`` (no checkpoint); unfinished -> ``.gpu/cells``."""
+def sibling_key(run_dir: Path) -> tuple:
+    """Cells that cost about the same: one folder (table, setting, variant), one mechanism."""
+    return (Path(run_dir).parent, Path(run_dir).name.split(",")[0])
+
+
+def write_tar(path: Path, members: list[tuple[Path, str]]) -> None:
+    """Atomically; a file the running trainer replaced meanwhile is left for the next pack."""
+    tmp = path.with_name(path.name + ".part")
+    with tarfile.open(tmp, "w") as tar:
+        for p, arcname in members:
+            try:
+                tar.add(p, arcname=arcname)
+            except FileNotFoundError:
+                continue
+    os.replace(tmp, path)
+
+
+def harvest_cells(tar_path: Path, root: Path, ckpt_tar: Path | None = None) -> list[str]:
+    """Finished cells -> ``results/tables/...`` (no checkpoint); unfinished -> ``.gpu/cells``
+    with their checkpoint from ``ckpt_tar`` (or, in the kit's first format, from ``tar_path``);
+    an unfinished cell whose checkpoint did not come back is dropped: it restarts."""
     from dpsub.experiments.gpu.harvest import safe_members
 
     root = Path(root)
@@ -288,13 +356,31 @@ def harvest_cells(tar_path: Path, root: Path) -> list[str]:
         for d in sorted(dirs):
             done = any(Path(m.name) == d / SUMMARY for m in members)
             dest = root / d if done else root / GPU_DIR / "cells" / d
+            shutil.rmtree(root / GPU_DIR / "cells" / d, ignore_errors=True)  # older state
             for m in members:
                 if Path(m.name).parent != d or (done and Path(m.name).name == CKPT):
                     continue
                 dest.mkdir(parents=True, exist_ok=True)
                 with tar.extractfile(m) as src, open(dest / Path(m.name).name, "wb") as out:
                     shutil.copyfileobj(src, out)
-            if done:
-                shutil.rmtree(root / GPU_DIR / "cells" / d, ignore_errors=True)
-            written.append(f"{'finished' if done else 'in progress'}: {dest}")
+            state = "finished" if done else "in progress"
+            if not done and not (dest / CKPT).is_file() and not _extract(ckpt_tar, d / CKPT, dest):
+                shutil.rmtree(dest, ignore_errors=True)
+                state = "in progress, its checkpoint did not come back (it restarts)"
+            written.append(f"{state}: {dest}")
     return written
+
+
+def _extract(tar_path: Path | None, name: Path, dest: Path) -> bool:
+    """Copy the member ``name`` of ``tar_path`` into ``dest``; False when it is not there."""
+    from dpsub.experiments.gpu.harvest import safe_members
+
+    if tar_path is None or not Path(tar_path).is_file():
+        return False
+    with tarfile.open(tar_path) as tar:
+        m = next((m for m in safe_members(tar) if Path(m.name) == name), None)
+        if m is None:
+            return False
+        with tar.extractfile(m) as src, open(dest / name.name, "wb") as out:
+            shutil.copyfileobj(src, out)
+    return True

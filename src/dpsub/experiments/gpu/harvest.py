@@ -5,7 +5,9 @@ one tar (``check.tar``, ``smoke.tar``, ``bench.tar``, ``cells.tar``) beside the 
 ``gpu_run.log`` and ``gpu_run.json``; a step killed before its tar was written leaves its
 folder instead, which is read the same way. Destinations:
 
-* ``results/gpu/``: the set-up check, the smoke suite's log and JUnit XML, the kit's log;
+* ``results/gpu/<started>-<device>/`` (one folder per GPU command, so an earlier command's
+  record is never overwritten): the set-up check, the smoke suite's log and JUnit XML, the
+  kit's log and record;
 * ``results/bench/gpu_*.md`` and ``.json``: the bench;
 * ``results/tables/...``: finished cells (no checkpoint); ``.gpu/cells/...``: cells in
   progress with their checkpoint, to travel with the next GPU command.
@@ -13,15 +15,17 @@ folder instead, which is read the same way. Destinations:
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from dpsub.experiments.gpu.cells import harvest_cells
+from dpsub.experiments.gpu.cells import CKPT_TAR, harvest_cells
 from dpsub.experiments.gpu.stage import StageError
 
-#: step -> where its files go (relative to the repository root)
-DEST = {"check": "results/gpu", "smoke": "results/gpu", "bench": "results/bench"}
+#: step -> where its files go (relative to the repository root; "{record}": record_dir)
+DEST = {"check": "{record}", "smoke": "{record}", "bench": "results/bench"}
 KIT_FILES = ("gpu_run.log", "gpu_run.json")
 
 
@@ -64,18 +68,30 @@ def harvest(src: Path, root: Path) -> list[str]:
     if not src.is_dir():
         raise StageError(f"--harvest: {src} is not a folder")
     written: list[str] = []
+    record = record_dir(src)
     for step, dest in DEST.items():
         for tar_path in _step_tars(src, step):
-            written += _flat(tar_path, root / dest)
+            written += _flat(tar_path, root / dest.format(record=record))
     for tar_path in _step_tars(src, "cells"):
-        written += harvest_cells(tar_path, root)
+        written += harvest_cells(tar_path, root, ckpt_tar=src / CKPT_TAR)
     for name in KIT_FILES:
         if (src / name).is_file():
-            (root / "results" / "gpu").mkdir(parents=True, exist_ok=True)
-            written.append(str(shutil.copy2(src / name, root / "results" / "gpu" / name)))
+            (root / record).mkdir(parents=True, exist_ok=True)
+            written.append(str(shutil.copy2(src / name, root / record / name)))
     if not written:
         raise StageError(f"--harvest: {src} holds no GPU kit outputs (*.tar, gpu_run.log)")
     return written
+
+
+def record_dir(src: Path) -> str:
+    """``results/gpu/<UTC start, minutes>-<device>``, from the command's ``gpu_run.json``."""
+    try:
+        rec = json.loads((Path(src) / "gpu_run.json").read_text())
+    except (OSError, ValueError):
+        rec = {}
+    started = str(rec.get("started") or "unknown-start").replace(":", "")[:15]
+    device = str(rec.get("steps", {}).get("check", {}).get("device") or "gpu")
+    return f"results/gpu/{started}-{re.sub(r'[^a-z0-9]+', '-', device.lower()).strip('-')}"
 
 
 def _step_tars(src: Path, step: str) -> list[Path]:
