@@ -252,6 +252,19 @@ class RunDir:
                 return found.group(1)
         return "cpu"
 
+    def hardware(self) -> str:
+        """Where the run trained: summary.json's ``hardware`` (CPU, cores, GPU, torch), else
+        train.log's hardware line, else only the device type (runs made before either)."""
+        hw = self.summary().get("hardware") if self.finished else None
+        if hw:
+            return str(hw)
+        log = self.path / LOG
+        if log.is_file():
+            found = re.search(r"\] hardware +(.+)", log.read_text(errors="replace"))
+            if found:
+                return found.group(1).strip()
+        return f"{self.device_type()} (hardware not recorded)"
+
     # ------------------------------------------------------------- copying
     def copy_small_files(self, dest: Path | RunDir) -> RunDir:
         """Copy the small files (never the checkpoint) to ``dest``; returns it."""

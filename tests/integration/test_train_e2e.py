@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dpsub import rundir as runs
 from dpsub.privacy import epsilon_for
 from dpsub.tracking import read_metrics
 from dpsub.training.loop import train
@@ -48,6 +49,9 @@ def test_digits_dpsgd_learns_and_spends_exactly_the_budget(tmp_path):
     assert (tmp_path / "config.yaml").exists()
     log = (tmp_path / "train.log").read_text()
     assert "eval step" in log and "final: test accuracy" in log  # not only the header
+    # where it ran, for the tables' hardware line: summary.json and the log's header
+    assert summary["hardware"] == runs.hardware() == runs.RunDir(tmp_path).hardware()
+    assert f"] hardware         {summary['hardware']}" in log
 
 
 def test_default_logs_hold_only_what_epsilon_covers(tmp_path):

@@ -43,3 +43,15 @@ def test_not_covered_statistics_names_each_unnoised_value():
     got = runs.not_covered_statistics(old)
     assert set(got) == {"validation_accuracy", "run_seconds", "private/mia/success"}
     assert "held-out private training examples" in got["validation_accuracy"]
+
+
+def test_hardware_comes_from_the_summary_else_the_log_else_the_device(tmp_path):
+    """What a table's hardware line counts: a run's own record, never the renderer's."""
+    run = runs.RunDir(tmp_path)
+    (tmp_path / runs.LOG).write_text("[17:41:28][INFO] device           cuda:0 (world size 1)\n")
+    assert run.hardware() == "cuda (hardware not recorded)"
+    with (tmp_path / runs.LOG).open("a") as f:
+        f.write("[17:41:28][INFO] hardware         Xeon, 16 cores; GPU: NVIDIA H200; torch 2\n")
+    assert run.hardware() == "Xeon, 16 cores; GPU: NVIDIA H200; torch 2"
+    (tmp_path / runs.SUMMARY).write_text('{"steps": 1, "hardware": "EPYC, 2 cores; GPU: none"}')
+    assert run.hardware() == "EPYC, 2 cores; GPU: none"

@@ -685,6 +685,20 @@ def train_hours(found) -> tuple[float, int]:
     return sum(r.train_seconds() for r in runs.values()) / 3600, len(runs)
 
 
+def runs_hardware(found) -> str:
+    """Where the table's runs trained, from their own records: ``N x hardware; ...``."""
+    counts: dict[str, int] = {}
+    seen = set()
+    for v in ("paper", "tuned", "tune"):
+        for jobs in found[v].values():
+            for j in jobs:
+                if j.dir not in seen:
+                    seen.add(j.dir)
+                    hw = RunDir(j.dir).hardware()
+                    counts[hw] = counts.get(hw, 0) + 1
+    return "; ".join(f"{n} x {hw}" for hw, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def recorded(dest: Path, args) -> dict:
     """The provenance of the runs (commit, date, hardware, notes): the one recorded in
     ``dest/provenance.json`` when the table was first rendered, kept on re-renders (so a
@@ -723,7 +737,8 @@ def header(table, args, found, rec: dict) -> list[str]:
         f"- commit: `{rec['commit']}`; rendered {rec['date']} (recorded in {PROVENANCE})",
         f"- runs: `{cmd}` (OMP_NUM_THREADS=1), then `{how_to_run('make_table.py')} {table.name} "
         f"--setting {args.setting}`",
-        f"- hardware: {rec['hardware']}",
+        f"- hardware: the runs': {runs_hardware(found) or 'none yet'}; rendered on "
+        f"{rec['hardware']}",
         f"- {n} runs, {hours:.2f} h of training wall-clock in total",
         *metric_line(table, args.setting),
         "",

@@ -38,7 +38,15 @@ from dpsub.config import Settings, validate
 from dpsub.errors import ConfigError, ResumeError
 from dpsub.models import count_parameters
 from dpsub.privacy import epsilon_for
-from dpsub.rundir import CHECKPOINT, CONFIG, LOG, MIA, RunDir, not_covered_statistics
+from dpsub.rundir import (
+    CHECKPOINT,
+    CONFIG,
+    LOG,
+    MIA,
+    RunDir,
+    hardware,
+    not_covered_statistics,
+)
 from dpsub.tracking import RunLogger
 from dpsub.training.build import Run, StepOutcome, build_run, load_run_state, run_state, train_step
 from dpsub.training.checkpoint import (
@@ -303,6 +311,7 @@ def _header(run: Run, logger) -> dict:
         "target": f"epsilon={p.epsilon} delta={p.delta} ({p.accountant}, rng {p.rng})",
         **_simulated_header(run),
         "device": f"{run.device} (world size {run.dist.world})",
+        "hardware": hardware(),
         "grads": f"backend {engine.backend}, microbatch {engine.microbatch}"
         + (", compiled" if engine.compile else ""),
         "logger": logger.describe(),
@@ -600,6 +609,7 @@ def _summary(run, eps: dict, acc, loss, stopped_by_budget: bool, mia: dict) -> d
         "covered_by_epsilon": not run.uncovered,
         "not_covered": list(run.uncovered),
         "device": run.device.type,
+        "hardware": hardware(),
         **_simulated_summary(run),
         **mia,
         **run_timing(run),
