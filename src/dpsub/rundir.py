@@ -51,6 +51,7 @@ __all__ = [
     "provenance",
 ]
 
+NOT_RECORDED = "(hardware not recorded)"  # RunDir.hardware() of a run made before the record
 CONFIG = "config.yaml"
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
@@ -263,7 +264,7 @@ class RunDir:
             found = re.search(r"\] hardware +(.+)", log.read_text(errors="replace"))
             if found:
                 return found.group(1).strip()
-        return f"{self.device_type()} (hardware not recorded)"
+        return f"{self.device_type()} {NOT_RECORDED}"
 
     # ------------------------------------------------------------- copying
     def copy_small_files(self, dest: Path | RunDir) -> RunDir:

@@ -61,3 +61,26 @@ def test_restamp_keeps_the_recorded_notes_unless_new_ones_are_given(tmp_path):
     stamped = recorded(restamp=True)
     assert stamped["commit"] != "abc1234" and stamped["notes"] == ["made so"]
     assert recorded(restamp=True, note=["new"])["notes"] == ["new"]
+
+
+def test_the_hardware_line_names_where_the_runs_trained_when_not_the_renderer(tmp_path):
+    """A GPU cell rendered here was listed under this CPU; runs without a record (older
+    than it) count as the renderer's, so the older tables re-render byte-identically."""
+    from dpsub.experiments.make_table import hardware_line
+    from dpsub.rundir import SUMMARY
+
+    def run(name: str, hw: str | None):
+        d = tmp_path / name
+        d.mkdir()
+        (d / SUMMARY).write_text(json.dumps({"steps": 1, **({"hardware": hw} if hw else {})}))
+        return type("Job", (), {"dir": d})()
+
+    here = "EPYC, 2 cores; GPU: none; torch 2"
+    cpu = {"paper": {"c": [run("a", None), run("b", here)]}, "tuned": {}, "tune": {}}
+    assert hardware_line(cpu, here) == f"- hardware: {here}"
+    gpu = run("g", "Xeon, 16 cores; GPU: NVIDIA H200; torch 2")
+    mixed = {"paper": {"c": [run("c", None)]}, "tuned": {}, "tune": {"d": [gpu]}}
+    assert hardware_line(mixed, here) == (
+        "- hardware: the runs': 1 x cpu (hardware not recorded); "
+        f"1 x Xeon, 16 cores; GPU: NVIDIA H200; torch 2; rendered on {here}"
+    )

@@ -45,7 +45,7 @@ from dpsub.experiments import stats, studies, tables
 from dpsub.experiments.commands import how_to_run
 from dpsub.paths import project_root
 from dpsub.privacy.simulate import NOT_A_GUARANTEE
-from dpsub.rundir import CHECKPOINT, RunDir, provenance
+from dpsub.rundir import CHECKPOINT, NOT_RECORDED, RunDir, provenance
 
 PROJECTION = "public_projection.json"
 PROVENANCE = "provenance.json"
@@ -685,8 +685,19 @@ def train_hours(found) -> tuple[float, int]:
     return sum(r.train_seconds() for r in runs.values()) / 3600, len(runs)
 
 
-def runs_hardware(found) -> str:
-    """Where the table's runs trained, from their own records: ``N x hardware; ...``."""
+def hardware_line(found, rendered_on: str) -> str:
+    """The recorded machine, and where the runs trained when that is not (only) it (a GPU
+    cell, another machine); runs without a record count as the renderer's, which keeps a
+    re-render of the older tables byte-identical."""
+    counts = runs_hardware(found)
+    if set(counts) <= {rendered_on, f"cpu {NOT_RECORDED}"}:
+        return f"- hardware: {rendered_on}"
+    runs = "; ".join(f"{n} x {hw}" for hw, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return f"- hardware: the runs': {runs}; rendered on {rendered_on}"
+
+
+def runs_hardware(found) -> dict[str, int]:
+    """Where the table's runs trained, from their own records: ``{hardware: runs}``."""
     counts: dict[str, int] = {}
     seen = set()
     for v in ("paper", "tuned", "tune"):
@@ -696,7 +707,7 @@ def runs_hardware(found) -> str:
                     seen.add(j.dir)
                     hw = RunDir(j.dir).hardware()
                     counts[hw] = counts.get(hw, 0) + 1
-    return "; ".join(f"{n} x {hw}" for hw, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return counts
 
 
 def recorded(dest: Path, args) -> dict:
@@ -737,8 +748,7 @@ def header(table, args, found, rec: dict) -> list[str]:
         f"- commit: `{rec['commit']}`; rendered {rec['date']} (recorded in {PROVENANCE})",
         f"- runs: `{cmd}` (OMP_NUM_THREADS=1), then `{how_to_run('make_table.py')} {table.name} "
         f"--setting {args.setting}`",
-        f"- hardware: the runs': {runs_hardware(found) or 'none yet'}; rendered on "
-        f"{rec['hardware']}",
+        hardware_line(found, rec["hardware"]),
         f"- {n} runs, {hours:.2f} h of training wall-clock in total",
         *metric_line(table, args.setting),
         "",
