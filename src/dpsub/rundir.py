@@ -239,32 +239,27 @@ class RunDir:
                 last = row["step"]
         return total
 
+    def recorded(self, key: str, log_pattern: str) -> str | None:
+        """summary.json's ``key``, else the first group of ``log_pattern`` in train.log."""
+        value = self.summary().get(key) if self.finished else None
+        if value:
+            return str(value)
+        log = self.path / LOG
+        found = re.search(log_pattern, log.read_text(errors="replace")) if log.is_file() else None
+        return found.group(1).strip() if found else None
+
     def device_type(self) -> str:
         """The device type the run trained on ("cpu", "cuda", ...): summary.json's
         ``device``, else train.log's device line (runs made before the summary had it), else
         "cpu" (the runs older than the log line ran on this project's CPU)."""
-        device = self.summary().get("device") if self.finished else None
-        if device:
-            return str(device)
-        log = self.path / LOG
-        if log.is_file():
-            found = re.search(r"\] device +([a-z]+)", log.read_text(errors="replace"))
-            if found:
-                return found.group(1)
-        return "cpu"
+        return self.recorded("device", r"\] device +([a-z]+)") or "cpu"
 
     def hardware(self) -> str:
         """Where the run trained: summary.json's ``hardware`` (CPU, cores, GPU, torch), else
         train.log's hardware line, else only the device type (runs made before either)."""
-        hw = self.summary().get("hardware") if self.finished else None
-        if hw:
-            return str(hw)
-        log = self.path / LOG
-        if log.is_file():
-            found = re.search(r"\] hardware +(.+)", log.read_text(errors="replace"))
-            if found:
-                return found.group(1).strip()
-        return f"{self.device_type()} {NOT_RECORDED}"
+        return self.recorded("hardware", r"\] hardware +(.+)") or (
+            f"{self.device_type()} {NOT_RECORDED}"
+        )
 
     # ------------------------------------------------------------- copying
     def copy_small_files(self, dest: Path | RunDir) -> RunDir:
