@@ -262,7 +262,7 @@ def test_a_checkpoint_too_large_to_come_back_never_takes_finished_cells_with_it(
     """2026-11-27 on an H200: one tar held a finished GEP cell and an unfinished one's 360 MB
     checkpoint, so the tar was over 16 MiB and the finished cell was lost. Now the small files
     come back in cells.tar, and a checkpoint only in ckpt.tar, only when it fits one file."""
-    monkeypatch.setattr(cells, "OUT_MAX_FILE", 8 * 1024)
+    monkeypatch.setattr(cells, "OUT_MAX_FILE", 16 * 1024)
     root, out = tmp_path / "dev", tmp_path / "out"
     out.mkdir()
     done = _cell(root, "mechanism=gep,lr=1,seed=1", 20_000, finished=True)
@@ -278,6 +278,7 @@ def test_a_checkpoint_too_large_to_come_back_never_takes_finished_cells_with_it(
     assert any(n.endswith("seed=1/summary.json") for n in names)
     with tarfile.open(out / cells.CKPT_TAR) as tar:
         assert [Path(n).parent.name for n in tar.getnames()] == [small.name]
+    assert (out / cells.CKPT_TAR).stat().st_size <= cells.OUT_MAX_FILE
     assert runner.too_big == {cells.sibling_key(big): 20_000}
     assert any("too large to come back" in line for line in lines)
 

@@ -48,7 +48,7 @@ from dpsub.rundir import RunDir
 
 EPSILON_ORDER = (8, 2, 5)
 MECHANISM_ORDER = ("dpsgd", "gep", "bgep")
-CKPT, CKPT_TMP, SUMMARY = "checkpoint.pt", "checkpoint.tmp", "summary.json"
+CKPT, SUMMARY = "checkpoint.pt", "summary.json"
 CKPT_TAR = "ckpt.tar"  # beside cells.tar: the checkpoints that fit one returned file
 
 #: the tiny setting (CPU tests): synthetic MNIST-shaped data, a small model and subspace
@@ -308,7 +308,7 @@ class CellRunner:
 
     def travelling(self, ckpts: list[Path]) -> list[Path]:
         """The checkpoints (latest cell first) whose tar stays within one returned file."""
-        out, total = [], 1024  # the tar's end blocks
+        out, total = [], tarfile.RECORDSIZE  # the end blocks, padded to a whole record
         for p in reversed(ckpts):
             if (p.parent / SUMMARY).is_file():
                 continue
