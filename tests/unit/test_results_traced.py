@@ -130,6 +130,7 @@ def generated(readme: Path) -> frozenset[str]:
             make_table.markdown_table(table, found, setting)
             + make_table.tuning_lines(table, found, setting)
             + make_table.check_lines(table, found, setting)  # a setting's scaling check
+            + make_table.compare_lines(table, args, found, setting)  # against other settings
         )
         return frozenset(lines)
     if rel[0] == "results" and len(rel) == 3 and rel[1] in studies.STUDIES:
