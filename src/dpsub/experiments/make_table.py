@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import sys
+from collections import Counter
 from pathlib import Path
 
 import matplotlib
@@ -678,11 +679,15 @@ def train_hours(found) -> tuple[float, int]:
     """Wall-clock training time summed over the runs (from metrics.jsonl's steps_per_s); a
     run reused by two cells (a link, or a committed copy: same metrics) counts once."""
     runs = {}
-    for v in ("paper", "tuned", "tune"):
-        for jobs in found[v].values():
-            for j in jobs:
-                runs.setdefault(RunDir(j.dir).metrics_path.read_bytes(), RunDir(j.dir))
+    for run in found_runs(found):
+        runs.setdefault(run.metrics_path.read_bytes(), run)
     return sum(r.train_seconds() for r in runs.values()) / 3600, len(runs)
+
+
+def found_runs(found) -> list[RunDir]:
+    """The finished runs of every variant, each run dir once."""
+    dirs = (j.dir for v in ("paper", "tuned", "tune") for jobs in found[v].values() for j in jobs)
+    return [RunDir(d) for d in dict.fromkeys(dirs)]
 
 
 def hardware_line(found, rendered_on: str) -> str:
@@ -692,22 +697,13 @@ def hardware_line(found, rendered_on: str) -> str:
     counts = runs_hardware(found)
     if set(counts) <= {rendered_on, f"cpu {NOT_RECORDED}"}:
         return f"- hardware: {rendered_on}"
-    runs = "; ".join(f"{n} x {hw}" for hw, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    runs = "; ".join(f"{n} x {hw}" for hw, n in Counter(counts).most_common())
     return f"- hardware: the runs': {runs}; rendered on {rendered_on}"
 
 
 def runs_hardware(found) -> dict[str, int]:
     """Where the table's runs trained, from their own records: ``{hardware: runs}``."""
-    counts: dict[str, int] = {}
-    seen = set()
-    for v in ("paper", "tuned", "tune"):
-        for jobs in found[v].values():
-            for j in jobs:
-                if j.dir not in seen:
-                    seen.add(j.dir)
-                    hw = RunDir(j.dir).hardware()
-                    counts[hw] = counts.get(hw, 0) + 1
-    return counts
+    return dict(Counter(run.hardware() for run in found_runs(found)))
 
 
 def recorded(dest: Path, args) -> dict:
