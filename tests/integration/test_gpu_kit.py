@@ -313,7 +313,9 @@ def test_harvest_keeps_every_command_s_record_in_its_own_folder(tmp_path):
     ):
         out = tmp_path / f"out{i}"
         out.mkdir()
+        # a command without the check step still names its device (the first run's did not)
         record = {"started": started, "steps": {"check": {"device": device}}}
+        record = {"started": started, "device": device, "steps": {}} if i else record
         (out / "gpu_run.json").write_text(json.dumps(record))
         (out / "gpu_run.log").write_text(f"log {i}\n")
         harvest(out, root)

@@ -90,7 +90,8 @@ def record_dir(src: Path) -> str:
     except (OSError, ValueError):
         rec = {}
     started = str(rec.get("started") or "unknown-start").replace(":", "")[:15]
-    device = str(rec.get("steps", {}).get("check", {}).get("device") or "gpu")
+    check = rec.get("steps", {}).get("check", {})
+    device = str(rec.get("device") or check.get("device") or "gpu")
     return f"results/gpu/{started}-{re.sub(r'[^a-z0-9]+', '-', device.lower()).strip('-')}"
 
 

@@ -216,13 +216,21 @@ def ensure_data(kit: Kit) -> Path:
     return root
 
 
+def device_name() -> str:
+    """The accelerator's name (``cpu (<arch>)`` without one): every command records it."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()})"
+
+
 def step_check(kit: Kit, bound: float) -> dict:
     info = {"packages": ensure_packages(kit), "python": platform.python_version()}
     import torch
 
     cuda = torch.cuda.is_available()
     info.update(torch=torch.__version__, cuda=cuda, cuda_version=torch.version.cuda)
-    info["device"] = torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()})"
+    info["device"] = device_name()
     if not cuda and not kit.opts.tiny:
         raise StageError("check: no CUDA device (torch.cuda.is_available() is False); "
                          "on a CPU run the kit with --tiny")  # fmt: skip
@@ -334,6 +342,7 @@ STEP_FNS = {"check": step_check, "smoke": step_smoke, "bench": step_bench, "cell
 def run_kit(opts: Options) -> int:
     """Run the chosen steps in order; 0 when every step that ran succeeded, 2 on a bad set-up."""
     kit = Kit(opts)
+    kit.record["device"] = device_name()
     kit.log(f"dpsub GPU kit: steps {', '.join(opts.steps)}; budget {opts.budget_s:.0f} s"
             + (" (tiny, CPU)" if opts.tiny else ""))  # fmt: skip
     status = 0
