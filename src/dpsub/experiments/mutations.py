@@ -414,6 +414,20 @@ MUTANTS = (
         ("tests/integration/test_run_dir.py", "-k", "lock_is_held"),
     ),
     Mutant(
+        "light-checkpoint-from-a-mid-run-checkpoint",
+        "src/dpsub/training/checkpoint.py",
+        '    if not dropped or not state.get("clean", False):',
+        "    if not dropped:",
+        ("tests/integration/test_light_checkpoint.py", "-k", "only_a_clean"),
+    ),
+    Mutant(
+        "light-resume-not-recorded",
+        "src/dpsub/training/build.py",
+        '        run.light_resumes.append({"step": run.step, "dropped": list(state["dropped"])})',
+        "        pass",
+        ("tests/integration/test_light_checkpoint.py", "-k", "says_so"),
+    ),
+    Mutant(
         "coverage-forgotten-on-resume",
         "src/dpsub/training/build.py",
         '    run.uncovered = list(state.get("uncovered", []))',

@@ -110,6 +110,11 @@ class Mechanism(ABC):
     private: ClassVar[bool] = True
     needs_aux: ClassVar[bool] = False
     accounting: str = "planned"  # "planned" | "measured" (see the module docstring)
+    #: Keys of :meth:`state_dict` computed from public data and the public generator only
+    #: (e.g. a subspace fitted on auxiliary data). A light checkpoint may leave them out
+    #: (``training/checkpoint.py``: :func:`light_copy`); :meth:`load_state_dict` then gets
+    #: ``None`` for them and the mechanism must recompute them.
+    recomputable: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, parsed: Any = None, /, **options: Any):
         """``parsed``: the options object the config validator made (Settings.mechanism),

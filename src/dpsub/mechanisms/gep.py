@@ -58,6 +58,7 @@ from dpsub.subspace import (
 @register("gep")
 class GEP(Mechanism):
     release_residual = True
+    recomputable = ("basis",)  # from the anchors (public); None: refit from a fresh start
 
     def __init__(self, parsed=None, /, **options):
         super().__init__(parsed, **options)

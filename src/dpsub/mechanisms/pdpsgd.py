@@ -49,6 +49,8 @@ def residual_fraction(basis: GroupedBasis, v: Tensor) -> float:
 class RPDPSGD(Mechanism):
     """RPDP-SGD: the projection onto a random orthonormal basis, redrawn every s steps."""
 
+    recomputable = ("basis",)  # public (a random draw, or PDP-SGD's public gradients)
+
     def __init__(self, parsed=None, /, **options):
         super().__init__(parsed, **options)
         self.basis: Tensor | None = None

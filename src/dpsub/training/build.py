@@ -81,6 +81,8 @@ class Run:
     #: None: unknown (resumed from a checkpoint written before it was recorded)
     cpu_seconds: float | None = 0.0
     ema: EMA | None = None  # train.ema: the averaged weights evaluated and saved
+    #: resumes from a light checkpoint: ``{"step", "dropped"}`` each (checkpointed)
+    light_resumes: list[dict] = field(default_factory=list)
 
     @property
     def secure(self) -> bool:
@@ -375,6 +377,8 @@ def run_state(run: Run) -> dict:
         "schedule": run.schedule.state_dict() if run.schedule is not None else None,
         **run.account.state_dict(),  # ledger, nominal, sampler
         "mechanism": run.mechanism.state_dict(),
+        "recomputable": [f"mechanism.{k}" for k in run.mechanism.recomputable],
+        "light_resumes": list(run.light_resumes),
         "rng": rng_state(run.generators),
         "noise_source": run.privatizer.source.state_dict(),
         "noise_multiplier": run.z,
@@ -400,6 +404,9 @@ def load_run_state(run: Run, state: dict) -> None:
         run.privatizer.source.load_state_dict(state["noise_source"])
     run.step = int(state["step"])
     run.uncovered = list(state.get("uncovered", []))
+    run.light_resumes = list(state.get("light_resumes", []))
+    if state.get("dropped"):  # a light checkpoint: the mechanism recomputes what it lacks
+        run.light_resumes.append({"step": run.step, "dropped": list(state["dropped"])})
     run.run_seconds = float(state.get("run_seconds", 0.0))
     cpu = state.get("cpu_seconds")  # a checkpoint older than it: the part before is unknown
     run.cpu_seconds = float(cpu) if cpu is not None else (None if run.run_seconds > 0 else 0.0)

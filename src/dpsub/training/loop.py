@@ -271,6 +271,13 @@ def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> 
                 "and are charged again"
             )
             run.ledger = journal
+    light = run.light_resumes[-1] if run.light_resumes else None
+    if light is not None and light["step"] == run.step:
+        notes.append(
+            f"light checkpoint: {', '.join(light['dropped'])} left out (public state: "
+            f"recomputed from step {run.step}); no step ran after it, so none is replayed, and "
+            "from here the run is not bit-identical to an uninterrupted one"
+        )
     eps = epsilons(run, False).get("epsilon", math.nan)
     notes.append(
         f"resumed {run_dir} at step {run.step} (epsilon spent {eps:.4f}); "
@@ -611,6 +618,7 @@ def _summary(run, eps: dict, acc, loss, stopped_by_budget: bool, mia: dict) -> d
         "device": run.device.type,
         "hardware": hardware(),
         **_simulated_summary(run),
+        **({"light_resumes": run.light_resumes} if run.light_resumes else {}),
         **mia,
         **run_timing(run),
     }

@@ -25,9 +25,13 @@ step, checkpoints and exits), so a cell continues exactly where it stopped: ``--
 puts unfinished cells (with their checkpoint) into ``.gpu/cells/``, which travels with the
 next command, and finished ones (without it) into ``results/tables/``.
 
-A checkpoint too large to come back (GEP's basis at k = 1,000 on ResNet20: 360 MB) means
-that cell must finish within the command: the runner then skips a sibling cell (same
-folder, same mechanism) when the time a finished sibling took exceeds the time left.
+A checkpoint too large to come back (GEP's basis at k = 1,000 on ResNet20: 360 MB) comes
+back *light* when it was written at a clean stop (the runner's SIGTERM): without the
+mechanism's public state (the basis), which the resumed run recomputes
+(:func:`dpsub.training.checkpoint.light_copy`; the run records it in ``light_resumes``).
+A checkpoint that cannot come back even so means that cell must finish within the command:
+the runner then skips a sibling cell (same folder, same mechanism) when the time a finished
+sibling took exceeds the time left.
 """
 
 from __future__ import annotations
@@ -189,6 +193,7 @@ class CellRunner:
         self.ckpt_path = self.tar_path.with_name(CKPT_TAR)
         self.took: dict[tuple, float] = {}  # sibling key -> seconds of a cell run start to end
         self.too_big: dict[tuple, int] = {}  # sibling key -> bytes of a checkpoint left here
+        self.light: dict[Path, tuple[int, Path | None]] = {}  # checkpoint -> (mtime, copy)
 
     def argv(self, job) -> list[str]:
         base = [sys.executable, "-m", "dpsub.cli.train"]
@@ -300,29 +305,64 @@ class CellRunner:
         if self.log_file.is_file():
             members.append((self.log_file, "cells.log"))
         write_tar(self.tar_path, members)
-        travel = [(p, str(rel(p, self.root))) for p in self.travelling(ckpts)]
+        travel = [(src, str(rel(p, self.root))) for p, src in self.travelling(ckpts)]
         if travel:
             write_tar(self.ckpt_path, travel)
         else:
             self.ckpt_path.unlink(missing_ok=True)
 
-    def travelling(self, ckpts: list[Path]) -> list[Path]:
-        """The checkpoints (latest cell first) whose tar stays within one returned file."""
+    def travelling(self, ckpts: list[Path]) -> list[tuple[Path, Path]]:
+        """(checkpoint, the file sent for it: itself or its light copy), latest cell first,
+        while the tar stays within one returned file."""
         out, total = [], tarfile.RECORDSIZE  # the end blocks, padded to a whole record
         for p in reversed(ckpts):
             if (p.parent / SUMMARY).is_file():
                 continue
-            cost = 512 + -(-p.stat().st_size // 512) * 512
-            if total + cost <= OUT_MAX_FILE:
-                out.append(p)
-                total += cost
+            src = p if self._cost(p) <= OUT_MAX_FILE - tarfile.RECORDSIZE else self.light_of(p)
+            if src is not None and total + self._cost(src) <= OUT_MAX_FILE:
+                out.append((p, src))
+                total += self._cost(src)
                 continue
-            key = sibling_key(p.parent)
-            if key not in self.too_big:
-                self.log(f"cells: {p.parent.name}: its checkpoint ({p.stat().st_size / MiB:.0f}"
-                         " MiB) is too large to come back; the cell must finish here")  # fmt: skip
-            self.too_big[key] = p.stat().st_size
+            if src is None and self.light.get(p, (None, None))[0] != "mid-run":
+                key = sibling_key(p.parent)
+                if key not in self.too_big:
+                    self.log(f"cells: {p.parent.name}: its checkpoint ({p.stat().st_size / MiB:.0f}"
+                             " MiB) is too large to come back; the cell must finish here")  # fmt: skip
+                self.too_big[key] = p.stat().st_size
         return out
+
+    @staticmethod
+    def _cost(p: Path) -> int:
+        return 512 + -(-p.stat().st_size // 512) * 512
+
+    def light_of(self, p: Path) -> Path | None:
+        """A light copy of checkpoint ``p`` (cached by its mtime), or None: not clean yet
+        (then ``self.light[p][0]`` is "mid-run": it may still come back light) or too big."""
+        from dpsub.training.checkpoint import checkpoint_is_clean, light_copy
+
+        mtime = p.stat().st_mtime_ns
+        if p in self.light and self.light[p][0] == mtime:
+            return self.light[p][1]
+        try:
+            clean = checkpoint_is_clean(p)
+        except Exception:  # not a readable checkpoint (e.g. a test's stand-in): sent whole or not
+            clean = None
+        if clean is False:
+            self.light[p] = ("mid-run", None)
+            return None
+        if clean is None:
+            self.light[p] = (mtime, None)
+            return None
+        dest = Path(self.work or self.tar_path.parent) / "light" / rel(p, self.root)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dropped = light_copy(p, dest)
+        ok = bool(dropped) and self._cost(dest) + tarfile.RECORDSIZE <= OUT_MAX_FILE
+        if ok:
+            self.log(f"cells: {p.parent.name}: its checkpoint ({p.stat().st_size / MiB:.0f} MiB)"
+                     f" comes back light ({dest.stat().st_size / MiB:.1f} MiB, without"
+                     f" {', '.join(dropped)}: recomputed on resume)")  # fmt: skip
+        self.light[p] = (mtime, dest if ok else None)
+        return dest if ok else None
 
 
 def sibling_key(run_dir: Path) -> tuple:
