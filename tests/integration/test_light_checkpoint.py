@@ -90,6 +90,11 @@ def test_the_gpu_kit_sends_a_checkpoint_too_large_for_one_file_light(tmp_path, m
     lines = []
     runner = cells.CellRunner(root, out / "cells.tar", {}, 0.0, log=lines.append)
     runner.touched = [cell]
+    saved = torch.load(ckpt, weights_only=False)
+    torch.save({**saved, "state": {**saved["state"], "clean": False}}, ckpt)  # mid-run
+    runner.pack()
+    assert not (out / cells.CKPT_TAR).exists() and runner.too_big == {}  # not yet: wait
+    torch.save(saved, ckpt)  # the stop's checkpoint (SIGTERM): clean
     runner.pack()
     with tarfile.open(out / cells.CKPT_TAR) as tar:
         (member,) = tar.getmembers()

@@ -194,6 +194,7 @@ class CellRunner:
         self.took: dict[tuple, float] = {}  # sibling key -> seconds of a cell run start to end
         self.too_big: dict[tuple, int] = {}  # sibling key -> bytes of a checkpoint left here
         self.light: dict[Path, tuple[int, Path | None]] = {}  # checkpoint -> (mtime, copy)
+        self.mid_run: set[Path] = set()  # big checkpoints not (yet) written at a clean stop
 
     def argv(self, job) -> list[str]:
         base = [sys.executable, "-m", "dpsub.cli.train"]
@@ -323,7 +324,7 @@ class CellRunner:
                 out.append((p, src))
                 total += self._cost(src)
                 continue
-            if src is None and self.light.get(p, (None, None))[0] != "mid-run":
+            if src is None and p not in self.mid_run:
                 key = sibling_key(p.parent)
                 if key not in self.too_big:
                     self.log(f"cells: {p.parent.name}: its checkpoint ({p.stat().st_size / MiB:.0f}"
@@ -336,33 +337,38 @@ class CellRunner:
         return 512 + -(-p.stat().st_size // 512) * 512
 
     def light_of(self, p: Path) -> Path | None:
-        """A light copy of checkpoint ``p`` (cached by its mtime), or None: not clean yet
-        (then ``self.light[p][0]`` is "mid-run": it may still come back light) or too big."""
-        from dpsub.training.checkpoint import checkpoint_is_clean, light_copy
+        """A light copy of checkpoint ``p`` (cached by its mtime), or None: too big even so,
+        or not written at a clean stop (then in ``self.mid_run``: the stop's may still)."""
+        from dpsub.training.checkpoint import checkpoint_is_clean
 
         mtime = p.stat().st_mtime_ns
-        if p in self.light and self.light[p][0] == mtime:
-            return self.light[p][1]
+        cached = self.light.get(p)
+        if cached is not None and cached[0] == mtime:
+            return cached[1]
+        self.mid_run.discard(p)
         try:
             clean = checkpoint_is_clean(p)
         except Exception:  # not a readable checkpoint (e.g. a test's stand-in): sent whole or not
             clean = None
         if clean is False:
-            self.light[p] = ("mid-run", None)
+            self.mid_run.add(p)
             return None
-        if clean is None:
-            self.light[p] = (mtime, None)
-            return None
+        dest = self._write_light(p) if clean else None
+        self.light[p] = (mtime, dest)
+        return dest
+
+    def _write_light(self, p: Path) -> Path | None:
+        from dpsub.training.checkpoint import light_copy
+
         dest = Path(self.work or self.tar_path.parent) / "light" / rel(p, self.root)
         dest.parent.mkdir(parents=True, exist_ok=True)
         dropped = light_copy(p, dest)
-        ok = bool(dropped) and self._cost(dest) + tarfile.RECORDSIZE <= OUT_MAX_FILE
-        if ok:
-            self.log(f"cells: {p.parent.name}: its checkpoint ({p.stat().st_size / MiB:.0f} MiB)"
-                     f" comes back light ({dest.stat().st_size / MiB:.1f} MiB, without"
-                     f" {', '.join(dropped)}: recomputed on resume)")  # fmt: skip
-        self.light[p] = (mtime, dest if ok else None)
-        return dest if ok else None
+        if not dropped or self._cost(dest) + tarfile.RECORDSIZE > OUT_MAX_FILE:
+            return None
+        self.log(f"cells: {p.parent.name}: its checkpoint ({p.stat().st_size / MiB:.0f} MiB)"
+                 f" comes back light ({dest.stat().st_size / MiB:.1f} MiB, without"
+                 f" {', '.join(dropped)}: recomputed on resume)")  # fmt: skip
+        return dest
 
 
 def sibling_key(run_dir: Path) -> tuple:
