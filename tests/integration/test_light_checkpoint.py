@@ -66,6 +66,16 @@ def test_a_clean_gep_checkpoint_resumes_light_with_its_epsilon_and_says_so(tmp_p
     assert "light_resumes" not in json.loads((tmp_path / "whole/summary.json").read_text())
 
 
+def test_a_pdpsgd_checkpoint_resumes_light_too(tmp_path, monkeypatch):
+    pdp = (*DPSGD, "mechanism=pdpsgd", "mechanism.num_bases=4", "aux=gaussian",
+           "aux.num_samples=24", "mechanism.subspace_every=3")  # fmt: skip
+    ckpt = stopped_at_2(tmp_path / "run", monkeypatch, pdp)
+    assert light_copy(ckpt, ckpt) == ["mechanism.basis"]
+    train(compose_cfg(*pdp), tmp_path / "run", resume=True)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["light_resumes"][0]["step"] == 2
+
+
 def test_only_a_clean_checkpoint_with_public_state_is_lightened(tmp_path, monkeypatch):
     """A mid-run checkpoint may be followed by steps that a resume replays with the same noise:
     with a recomputed basis they would release the same noise on another sum."""
