@@ -237,7 +237,6 @@ def step_check(kit: Kit, bound: float) -> dict:
     if "cells" in kit.opts.steps and not kit.opts.tiny:
         kit.data_root = ensure_data(kit)
         info["data_root"] = str(kit.data_root)
-    kit.record["device"] = info["device"]
     (kit.step_dir("check") / "check.json").write_text(json.dumps(info, indent=1) + "\n")
     kit.log(f"check: {info['device']}, torch {info['torch']}, packages {info['packages']}")
     return {**info, "ok": True}
