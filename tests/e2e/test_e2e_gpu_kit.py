@@ -40,6 +40,35 @@ def test_tiny_kit_tunes_then_runs_the_picks_in_one_command(tmp_path, monkeypatch
     assert not list(here.rglob("checkpoint.pt"))
 
 
+def test_tiny_kit_trains_two_cells_at_once_and_keeps_their_outputs(tmp_path, monkeypatch):
+    """--parallel 2: the grid's two points run together, then the two picks (a pick waits for
+    the whole grid); every cell gets the cell overrides; each cell's output comes back."""
+    monkeypatch.delenv("DPSUB_DATA", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    dev, here, out = tmp_path / "dev", tmp_path / "here", tmp_path / "out"
+    dev.mkdir()
+    opts = kit.Options(out=out, tiny=True, root=dev, work=tmp_path / "w", steps=("cells",),
+                       campaigns=("rgp-head",), parallel=2,
+                       cell_overrides=("grads.microbatch=8",))  # fmt: skip
+    assert kit.run_kit(opts) == 0
+    ran = json.loads((out / "gpu_run.json").read_text())["steps"]["cells"]["ran"]
+    assert [r["status"] for r in ran] == ["finished"] * 4, ran
+    assert [("lr=" in r["cell"]) for r in ran] == [True, True, False, False]
+    for variant in ("tune", "tuned"):  # both started before either ended (on the "device")
+        dirs = sorted((dev / "results/tables/rgp-head-cifar10/tiny").glob(f"{variant}/*"))
+        began = max((d / "config.yaml").stat().st_mtime for d in dirs)
+        assert len(dirs) == 2 and began < min((d / "summary.json").stat().st_mtime for d in dirs)
+    harvest(out, here)
+    base = here / "results/tables/rgp-head-cifar10/tiny"
+    for config in base.glob("*/*/config.yaml"):
+        assert "microbatch: 8" in config.read_text(), config
+    assert len(list(base.glob("tuned/*,seed=0/summary.json"))) == 2
+    (record,) = (here / "results/gpu").iterdir()
+    outputs = sorted(p.name for p in record.glob("cell-*.log"))
+    assert outputs == [f"cell-{i:02d}.log" for i in range(4)]
+    assert "> cell-03.log" in (record / "cells.log").read_text()
+
+
 def check_out_limits(out: Path) -> None:
     """What comes back from $OUT: <= 8 files of <= 16 MiB, <= 2 folders deep, plain names."""
     files = [p for p in out.rglob("*") if p.is_file()]
@@ -87,7 +116,9 @@ def test_tiny_kit_runs_every_step_and_continues_a_cell(tmp_path, monkeypatch):
     out2 = tmp_path / "out2"
     assert tiny(out2, dev2, tmp_path / "w2", steps=("cells",), campaigns=PAPER) == 0
     ran = json.loads((out2 / "gpu_run.json").read_text())["steps"]["cells"]["ran"]
-    assert ran == [{"cell": cell_dir.name, "status": "finished", "restored": True}]
+    assert [{k: r[k] for k in ("cell", "status", "restored")} for r in ran] == [
+        {"cell": cell_dir.name, "status": "finished", "restored": True}
+    ]
     harvest(out2, here)
     device = kit.device_name().replace(" (", "-").replace("_", "-").rstrip(")")
     assert all(d.name.endswith(device) for d in (here / "results/gpu").iterdir()), device

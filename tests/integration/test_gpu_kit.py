@@ -36,6 +36,11 @@ def gpu_run(*args: str) -> subprocess.CompletedProcess:
 def test_bad_setup_is_one_line_and_exit_2(tmp_path):
     r = gpu_run("--harvest", str(tmp_path / "nowhere"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--harvest" in r.stderr
+    for bad, key in ((["--parallel", "0"], "--parallel"),
+                     (["--cell-overrides", "mechanism.clip=5"], "--cell-overrides")):  # fmt: skip
+        r = gpu_run("--out", str(tmp_path / "o"), "--tiny", *bad)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and key in r.stderr, r.stderr
+        assert not (tmp_path / "o").exists()  # nothing written
     if not torch.cuda.is_available():  # the real (not tiny) check needs CUDA
         r = gpu_run("--out", str(tmp_path / "o"), "--steps", "check", "--root", str(tmp_path))
         assert r.returncode == 2 and "no CUDA device" in r.stderr.strip().splitlines()[-1]

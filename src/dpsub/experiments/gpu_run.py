@@ -13,6 +13,7 @@ On the GPU machine (the checkout sent with ``.gpu`` carried)::
     python3 scripts/gpu_run.py --out $OUT                   # check, smoke, bench, cells
     python3 scripts/gpu_run.py --out $OUT --steps check cells   # later commands: more cells
     python3 scripts/gpu_run.py --out $OUT --steps check cells --campaigns gep1-cifar10-cpu-long
+    python3 scripts/gpu_run.py --out $OUT --steps check cells --parallel 3   # 3 cells at once
 
 A missing set-up is one line on stderr and exit code 2; 1 when a step reported errors.
 """
@@ -45,6 +46,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--campaigns", nargs="+", default=None, choices=list(cells.CAMPAIGNS),
                    help="the campaigns of the cells step, in this order (default: all, "
                         f"{' '.join(cells.DEFAULT_ORDER)})")  # fmt: skip
+    p.add_argument("--parallel", type=int, default=1, metavar="N",
+                   help="cells trained at once on the GPU (default 1)")  # fmt: skip
+    p.add_argument("--cell-overrides", nargs="*", default=None, metavar="KEY=VALUE",
+                   help="for the cells started here, beside their table's (default: "
+                        f"{' '.join(kit.Options.cell_overrides)}; keys: "
+                        f"{', '.join(cells.CELL_OVERRIDE_KEYS)})")  # fmt: skip
     p.add_argument("--interrupt-cells", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     p.add_argument("--stage", action="store_true", help="fill .gpu/ from the shared folder")
@@ -96,8 +103,15 @@ def main(argv: list[str] | None = None) -> int:
             out=out, steps=tuple(a.steps), budget_s=a.budget, tiny=a.tiny, root=a.root,
             data_root=a.data_root, work=a.work, gep_authors=a.gep_authors,
             max_cells=a.max_cells, interrupt_cells=a.interrupt_cells,
-            campaigns=tuple(a.campaigns) if a.campaigns else None,
+            campaigns=tuple(a.campaigns) if a.campaigns else None, parallel=a.parallel,
         )  # fmt: skip
+        if a.parallel < 1:
+            raise stage.StageError(f"--parallel: must be >= 1, got {a.parallel}")
+        if a.cell_overrides is not None:
+            try:
+                opts.cell_overrides = tuple(cells.check_cell_overrides(a.cell_overrides))
+            except ValueError as e:
+                raise stage.StageError(f"--cell-overrides: {e}") from None
         return kit.run_kit(opts)
     except stage.StageError as e:
         print(f"gpu_run: {e}", file=sys.stderr)

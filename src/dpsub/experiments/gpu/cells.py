@@ -17,7 +17,9 @@ so a finished tuning grid brings its extension or its picks into the same comman
 Each cell is an ordinary table job (:func:`dpsub.experiments.tables.plan_jobs`: its run dir is where
 ``scripts/reproduce.py`` puts it, ``results/tables/<table>/<setting>/<variant>/<cell>``),
 trained by ``python -m dpsub.cli.train`` in a child process that checkpoints every
-``checkpoint_every`` steps. After every new checkpoint the runner packs the cells it touched
+``checkpoint_every`` steps, ``parallel`` cells at a time (one device: a small model's
+launch-bound steps interleave), each started with the runner's ``overrides`` (how it is
+computed, never what it releases: :data:`CELL_OVERRIDE_KEYS`). After every new checkpoint the runner packs the cells it touched
 into two files of ``$OUT``: ``cells.tar`` holds their small files and never a checkpoint (so
 a finished cell always comes back), ``ckpt.tar`` the checkpoints of unfinished cells that fit
 one returned file (16 MiB). It sends SIGTERM before its deadline (the trainer finishes the
@@ -167,9 +169,38 @@ def restore_carried(job, root: Path) -> bool:
     return False
 
 
+#: keys a cell may be given on a GPU beside its table's overrides: how a run is computed,
+#: never what it releases (the micro-batch only cuts a batch's per-example work into passes;
+#: the others are in dpsub.training.checkpoint.RESUME_MAY_CHANGE)
+CELL_OVERRIDE_KEYS = ("grads.microbatch", "train.eval_batch_size", "train.log_every")
+
+
+def check_cell_overrides(overrides) -> list[str]:
+    """``overrides`` if each is ``key=value`` with a key of :data:`CELL_OVERRIDE_KEYS`."""
+    for o in overrides:
+        if "=" not in o or o.split("=", 1)[0] not in CELL_OVERRIDE_KEYS:
+            raise ValueError(f"cell override {o!r}: only {', '.join(CELL_OVERRIDE_KEYS)} may "
+                             "differ from the table's (they cannot change what a run releases)")  # fmt: skip
+    return list(overrides)
+
+
+@dataclass
+class Running:
+    """A cell's child process and what the runner watches of it."""
+
+    job: object
+    proc: subprocess.Popen
+    argv: list[str]
+    t0: float
+    restored: bool
+    seen: int | None = None  # mtime of the last checkpoint packed
+    stopped_at: float | None = None  # when SIGTERM was sent
+
+
 @dataclass
 class CellRunner:
-    """Runs cells until ``deadline`` (time.time()), packing them into ``tar_path``."""
+    """Runs cells until ``deadline`` (time.time()), ``parallel`` at a time, packing them into
+    ``tar_path``."""
 
     root: Path
     tar_path: Path
@@ -186,6 +217,8 @@ class CellRunner:
     poll_s: float = 1.0
     log: Callable[[str], None] = print
     work: Path | None = None  # where the children's output goes (default: beside the tar)
+    parallel: int = 1  # cells trained at once (one device: their small kernels interleave)
+    overrides: tuple[str, ...] = ()  # for cells started here (check_cell_overrides)
 
     def __post_init__(self) -> None:
         self.touched: list[Path] = []
@@ -195,6 +228,8 @@ class CellRunner:
         self.too_big: dict[tuple, int] = {}  # sibling key -> bytes of a checkpoint left here
         self.light: dict[Path, tuple[int, Path | None]] = {}  # checkpoint -> (mtime, copy)
         self.mid_run: set[Path] = set()  # big checkpoints not (yet) written at a clean stop
+        self.overrides = tuple(check_cell_overrides(self.overrides))
+        self.child_logs: list[Path] = []
 
     def argv(self, job) -> list[str]:
         base = [sys.executable, "-m", "dpsub.cli.train"]
@@ -204,36 +239,44 @@ class CellRunner:
         if RunDir(job.dir).started:  # (stopped before its first checkpoint: from step 0)
             return [*base, f"resume={job.dir}", *keep]
         ov = job.hydra_overrides()
-        return [*base, *ov, "logger=disabled", "train.progress=false", *keep]
+        return [*base, *ov, *self.overrides, "logger=disabled", "train.progress=false", *keep]
 
     def run(self, jobs) -> list[dict]:
-        """Run the unfinished jobs in order while time is left; one record per job run.
-        ``jobs``: a list, or a function giving the queue (planned again after every cell:
-        a finished tuning grid brings its picks), each job run at most once."""
+        """Run the unfinished jobs in order while time is left, ``parallel`` at a time; one
+        record per job run. ``jobs``: a list, or a function giving the queue (planned again
+        after every cell: a finished tuning grid brings its picks), each job run at most once."""
         plan = jobs if callable(jobs) else (lambda: jobs)
-        out, tried, failed = [], set(), 0
+        self.out, self.tried, self.failed, self.closed = [], set(), 0, False
+        active: list[Running] = []
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         self.log_file.write_text("")
-        while True:
-            job = next((j for j in plan() if not j.finished and j.dir not in tried), None)
-            if job is None:
-                break
-            tried.add(job.dir)
+        self._fill(plan, active)
+        while active:
+            time.sleep(self.poll_s)
+            for r in list(active):
+                self._poll(r)
+                if r.proc.poll() is not None:
+                    active.remove(r)
+                    self._finish(r)
+                    self._fill(plan, active)
+        return self.out
+
+    def _fill(self, plan: Callable[[], list], active: list[Running]) -> None:
+        """Start the next unfinished jobs until ``parallel`` run (or none is left to start)."""
+        while not self.closed and len(active) < self.parallel:
+            job = next((j for j in plan() if not j.finished and j.dir not in self.tried), None)
+            if job is None:  # (running jobs are tried ones)
+                return
+            self.tried.add(job.dir)
             if self.deadline - time.time() < self.min_cell_s:
                 self.log(f"cells: {self.deadline - time.time():.0f} s left, stopping the queue")
-                break
+                self.closed = True
+                return
             why = self.cannot_finish(job)
             if why:
                 self.log(f"cells: skip {job.name}: {why}")
                 continue
-            restored = restore_carried(job, self.root)
-            status = self.run_one(job)
-            out.append({"cell": job.name, "status": status, "restored": restored})
-            failed = failed + 1 if status == "failed" else 0
-            if failed >= self.max_failures:  # reported, not retried in a loop
-                self.log(f"cells: {failed} cells failed in a row, stopping the queue")
-                break
-        return out
+            active.append(self._start(job, restore_carried(job, self.root)))
 
     def cannot_finish(self, job) -> str | None:
         """Why ``job`` would be lost here: its checkpoint cannot come back and a finished
@@ -245,47 +288,59 @@ class CellRunner:
         return (f"a sibling took {took:.0f} s, {max(left, 0):.0f} s are left, and its "
                 f"checkpoint ({size / MiB:.0f} MiB) cannot come back")  # fmt: skip
 
-    def run_one(self, job) -> str:
-        """finished | interrupted (checkpointed) | failed."""
-        argv, t0 = self.argv(job), time.time()
-        self.log(
-            f"cells: {'resume' if 'resume=' in argv[3] else 'start'} {rel(job.dir, self.root)}"
-        )
+    def _start(self, job, restored: bool) -> Running:
+        argv = self.argv(job)
+        log = self.log_file.with_name(f"cell-{len(self.child_logs):02d}.log")
+        self.child_logs.append(log)
+        verb = "resume" if "resume=" in argv[3] else "start"
+        self.log(f"cells: {verb} {rel(job.dir, self.root)} (output: {log.name})")
         self.touched.append(job.dir)
+        env = dict(self.env)
+        if self.parallel > 1 and "OMP_NUM_THREADS" not in env:  # the cores shared out
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.parallel))
         with self.log_file.open("a") as f:
-            f.write(f"\n$ {' '.join(argv)}\n")
-            f.flush()
+            f.write(f"\n$ {' '.join(argv)}  > {log.name}\n")
+        with log.open("w") as f:
             proc = subprocess.Popen(
-                argv, cwd=Path(__file__).resolve().parents[4], env=self.env,
+                argv, cwd=Path(__file__).resolve().parents[4], env=env,
                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
-            rc = self._watch(proc, job)
-        self.pack()
-        if job.finished and rc == 0:
-            if "resume=" not in argv[3]:  # a whole run: what a sibling from step 0 takes
-                self.took[sibling_key(job.dir)] = time.time() - t0
-            return "finished"
-        if (job.dir / CKPT).is_file() and rc in (0, 128 + signal.SIGTERM):
-            return "interrupted"
-        self.log(f"cells: {job.name} failed (exit {rc}); see cells.log")
-        return "failed"
+        return Running(job, proc, argv, time.time(), restored)
 
-    def _watch(self, proc: subprocess.Popen, job) -> int:
-        seen, stopped_at = None, None
-        while proc.poll() is None:
-            time.sleep(self.poll_s)
-            ck = job.dir / CKPT
-            mtime = ck.stat().st_mtime_ns if ck.is_file() else None
-            if mtime is not None and mtime != seen:
-                seen = mtime
-                self.pack()
-                if self.interrupt_at_checkpoint and stopped_at is None:
-                    stopped_at = self._signal(proc, signal.SIGTERM)
-            if stopped_at is None and time.time() > self.deadline - self.grace_s:
-                stopped_at = self._signal(proc, signal.SIGTERM)
-            if stopped_at is not None and time.time() > stopped_at + self.grace_s:
-                self._signal(proc, signal.SIGKILL)
-        return proc.returncode
+    def _poll(self, r: Running) -> None:
+        """Pack a new checkpoint; SIGTERM at the deadline (or, in tests, the first checkpoint),
+        SIGKILL ``grace_s`` later."""
+        ck = r.job.dir / CKPT
+        mtime = ck.stat().st_mtime_ns if ck.is_file() else None
+        if mtime is not None and mtime != r.seen:
+            r.seen = mtime
+            self.pack()
+            if self.interrupt_at_checkpoint and r.stopped_at is None:
+                r.stopped_at = self._signal(r.proc, signal.SIGTERM)
+        if r.stopped_at is None and time.time() > self.deadline - self.grace_s:
+            r.stopped_at = self._signal(r.proc, signal.SIGTERM)
+        if r.stopped_at is not None and time.time() > r.stopped_at + self.grace_s:
+            self._signal(r.proc, signal.SIGKILL)
+
+    def _finish(self, r: Running) -> None:
+        """Record a child that ended: finished | interrupted (checkpointed) | failed."""
+        self.pack()
+        rc, job = r.proc.returncode, r.job
+        if job.finished and rc == 0:
+            status = "finished"
+            if "resume=" not in r.argv[3]:  # a whole run: what a sibling from step 0 takes
+                self.took[sibling_key(job.dir)] = time.time() - r.t0
+        elif (job.dir / CKPT).is_file() and rc in (0, 128 + signal.SIGTERM):
+            status = "interrupted"
+        else:
+            status = "failed"
+            self.log(f"cells: {job.name} failed (exit {rc}); see its output")
+        self.out.append({"cell": job.name, "status": status, "restored": r.restored,
+                         "seconds": round(time.time() - r.t0, 1)})  # fmt: skip
+        self.failed = self.failed + 1 if status == "failed" else 0
+        if self.failed >= self.max_failures and not self.closed:  # reported, not retried
+            self.log(f"cells: {self.failed} cells failed in a row, stopping the queue")
+            self.closed = True
 
     def _signal(self, proc: subprocess.Popen, sig: int) -> float:
         try:
@@ -303,8 +358,9 @@ class CellRunner:
                 if p.is_file() and p.suffix != ".tmp":  # (a file being written: next time)
                     (ckpts if p.name == CKPT else small).append(p)
         members = [(p, str(rel(p, self.root))) for p in small]
-        if self.log_file.is_file():
-            members.append((self.log_file, "cells.log"))
+        for log in (self.log_file, *self.child_logs):
+            if log.is_file():
+                members.append((log, log.name))
         write_tar(self.tar_path, members)
         travel = [(src, str(rel(p, self.root))) for p, src in self.travelling(ckpts)]
         if travel:

@@ -7,7 +7,7 @@ folder instead, which is read the same way. Destinations:
 
 * ``results/gpu/<started>-<device>/`` (one folder per GPU command, so an earlier command's
   record is never overwritten): the set-up check, the smoke suite's log and JUnit XML, the
-  kit's log and record;
+  kit's log and record, the cells step's log and each cell's output (``cell-NN.log``);
 * ``results/bench/gpu_*.md`` and ``.json``: the bench;
 * ``results/tables/...``: finished cells (no checkpoint); ``.gpu/cells/...``: cells in
   progress with their checkpoint, to travel with the next GPU command.
@@ -40,11 +40,18 @@ def safe_members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
     return out
 
 
-def _flat(tar_path: Path, dest: Path) -> list[str]:
+def _is_cell_log(name: str) -> bool:
+    """The cells step's own log and its children's outputs (the tar's top level)."""
+    return "/" not in name and name.endswith(".log")
+
+
+def _flat(tar_path: Path, dest: Path, keep=lambda name: True) -> list[str]:
     dest.mkdir(parents=True, exist_ok=True)
     written = []
     with tarfile.open(tar_path) as tar:
         for m in safe_members(tar):
+            if not keep(m.name):
+                continue
             target = dest / PurePosixPath(m.name).name
             with tar.extractfile(m) as src, open(target, "wb") as out:
                 shutil.copyfileobj(src, out)
@@ -74,6 +81,7 @@ def harvest(src: Path, root: Path) -> list[str]:
             written += _flat(tar_path, root / dest.format(record=record))
     for tar_path in _step_tars(src, "cells"):
         written += harvest_cells(tar_path, root, ckpt_tar=src / CKPT_TAR)
+        written += _flat(tar_path, root / record, keep=_is_cell_log)
     for name in KIT_FILES:
         if (src / name).is_file():
             (root / record).mkdir(parents=True, exist_ok=True)

@@ -89,6 +89,9 @@ class Options:
     campaigns: tuple[str, ...] | None = (
         None  # names in dpsub.experiments.gpu.cells.CAMPAIGNS (default: all)
     )
+    parallel: int = 1  # cells trained at once on the one GPU
+    # beside each new cell's table overrides (cells.CELL_OVERRIDE_KEYS): one pass per batch
+    cell_overrides: tuple[str, ...] = ("grads.microbatch=auto",)
 
 
 @dataclass
@@ -320,7 +323,8 @@ def step_cells(kit: Kit, bound: float) -> dict:
     runner = CellRunner(
         root=kit.opts.root, tar_path=kit.opts.out / "cells.tar", env=kit.env,
         deadline=time.time() + bound, data_root=str(kit.data_root) if kit.data_root else None,
-        log=kit.log, work=kit.work,
+        log=kit.log, work=kit.work, parallel=kit.opts.parallel,
+        overrides=kit.opts.cell_overrides,
     )  # fmt: skip
     if kit.opts.tiny:
         runner.checkpoint_every, runner.grace_s, runner.min_cell_s, runner.poll_s = 1, 20, 5, 0.05
