@@ -20,40 +20,23 @@ def test_carry_list_with_the_real_data_packs_fits_64_mib(tmp_path):
     assert total <= stage.CARRY_LIMIT, f"{total / stage.MiB:.1f} MiB would travel"
 
 
-def test_tiny_kit_tunes_then_runs_the_picks_in_one_command(tmp_path, monkeypatch):
+def test_tiny_kit_tunes_then_runs_the_picks_two_at_once(tmp_path, monkeypatch):
+    """One command, --parallel 2: the grid's two points run together, then its two picks (a
+    pick waits for the whole grid); every cell gets the cell overrides; each cell's output
+    comes back. (One cell at a time: test_tiny_kit_runs_every_step_and_continues_a_cell.)"""
     monkeypatch.delenv("DPSUB_DATA", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     dev, here, out = tmp_path / "dev", tmp_path / "here", tmp_path / "out"
     dev.mkdir()
     opts = kit.Options(out=out, tiny=True, root=dev, work=tmp_path / "w",
-                       steps=("check", "cells"), campaigns=("rgp-head",))  # fmt: skip
+                       steps=("check", "cells"), campaigns=("rgp-head",), parallel=2,
+                       cell_overrides=("grads.microbatch=8",))  # fmt: skip
     assert kit.run_kit(opts) == 0
     ran = json.loads((out / "gpu_run.json").read_text())["steps"]["cells"]["ran"]
     assert [r["status"] for r in ran] == ["finished"] * 4, ran
     assert [("lr=" in r["cell"], "seed=0" in r["cell"]) for r in ran] == [(True, False)] * 2 + [
         (False, True)
     ] * 2  # the grid first, then its picks in the same command
-    harvest(out, here)
-    base = here / "results/tables/rgp-head-cifar10/tiny"
-    assert len(list(base.glob("tune/*/summary.json"))) == 2
-    assert len(list(base.glob("tuned/*,seed=0/summary.json"))) == 2
-    assert not list(here.rglob("checkpoint.pt"))
-
-
-def test_tiny_kit_trains_two_cells_at_once_and_keeps_their_outputs(tmp_path, monkeypatch):
-    """--parallel 2: the grid's two points run together, then the two picks (a pick waits for
-    the whole grid); every cell gets the cell overrides; each cell's output comes back."""
-    monkeypatch.delenv("DPSUB_DATA", raising=False)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    dev, here, out = tmp_path / "dev", tmp_path / "here", tmp_path / "out"
-    dev.mkdir()
-    opts = kit.Options(out=out, tiny=True, root=dev, work=tmp_path / "w", steps=("cells",),
-                       campaigns=("rgp-head",), parallel=2,
-                       cell_overrides=("grads.microbatch=8",))  # fmt: skip
-    assert kit.run_kit(opts) == 0
-    ran = json.loads((out / "gpu_run.json").read_text())["steps"]["cells"]["ran"]
-    assert [r["status"] for r in ran] == ["finished"] * 4, ran
-    assert [("lr=" in r["cell"]) for r in ran] == [True, True, False, False]
     for variant in ("tune", "tuned"):  # both started before either ended (on the "device")
         dirs = sorted((dev / "results/tables/rgp-head-cifar10/tiny").glob(f"{variant}/*"))
         began = max((d / "config.yaml").stat().st_mtime for d in dirs)
@@ -62,7 +45,9 @@ def test_tiny_kit_trains_two_cells_at_once_and_keeps_their_outputs(tmp_path, mon
     base = here / "results/tables/rgp-head-cifar10/tiny"
     for config in base.glob("*/*/config.yaml"):
         assert "microbatch: 8" in config.read_text(), config
+    assert len(list(base.glob("tune/*/summary.json"))) == 2
     assert len(list(base.glob("tuned/*,seed=0/summary.json"))) == 2
+    assert not list(here.rglob("checkpoint.pt"))
     (record,) = (here / "results/gpu").iterdir()
     outputs = sorted(p.name for p in record.glob("cell-*.log"))
     assert outputs == [f"cell-{i:02d}.log" for i in range(4)]
