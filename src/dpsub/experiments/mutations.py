@@ -428,6 +428,13 @@ MUTANTS = (
         ("tests/integration/test_light_checkpoint.py", "-k", "says_so"),
     ),
     Mutant(
+        "gpu-cell-override-of-any-key",
+        "src/dpsub/experiments/gpu/cells.py",
+        '        if "=" not in o or o.split("=", 1)[0] not in CELL_OVERRIDE_KEYS:',
+        '        if "=" not in o:',
+        ("tests/integration/test_gpu_kit.py", "-k", "bad_setup"),
+    ),
+    Mutant(
         "coverage-forgotten-on-resume",
         "src/dpsub/training/build.py",
         '    run.uncovered = list(state.get("uncovered", []))',
