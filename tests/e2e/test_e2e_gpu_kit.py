@@ -37,6 +37,7 @@ def test_tiny_kit_tunes_then_runs_the_picks_two_at_once(tmp_path, monkeypatch):
     assert [("lr=" in r["cell"], "seed=0" in r["cell"]) for r in ran] == [(True, False)] * 2 + [
         (False, True)
     ] * 2  # the grid first, then its picks in the same command
+    assert all(r["steps"] > 0 and r["ms_per_step"] > 0 and r["parallel"] == 2 for r in ran), ran
     for variant in ("tune", "tuned"):  # both started before either ended (on the "device")
         dirs = sorted((dev / "results/tables/rgp-head-cifar10/tiny").glob(f"{variant}/*"))
         began = max((d / "config.yaml").stat().st_mtime for d in dirs)

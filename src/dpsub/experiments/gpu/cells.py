@@ -193,6 +193,7 @@ class Running:
     argv: list[str]
     t0: float
     restored: bool
+    step0: int = 0  # the last step logged before it started
     seen: int | None = None  # mtime of the last checkpoint packed
     stopped_at: float | None = None  # when SIGTERM was sent
 
@@ -305,7 +306,7 @@ class CellRunner:
                 argv, cwd=Path(__file__).resolve().parents[4], env=env,
                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
-        return Running(job, proc, argv, time.time(), restored)
+        return Running(job, proc, argv, time.time(), restored, logged_step(job.dir))
 
     def _poll(self, r: Running) -> None:
         """Pack a new checkpoint; SIGTERM at the deadline (or, in tests, the first checkpoint),
@@ -335,8 +336,11 @@ class CellRunner:
         else:
             status = "failed"
             self.log(f"cells: {job.name} failed (exit {rc}); see its output")
+        seconds, steps = time.time() - r.t0, logged_step(job.dir) - r.step0
         self.out.append({"cell": job.name, "status": status, "restored": r.restored,
-                         "seconds": round(time.time() - r.t0, 1)})  # fmt: skip
+                         "seconds": round(seconds, 1), "steps": steps,  # (start-up included)
+                         "ms_per_step": round(1000 * seconds / steps, 1) if steps > 0 else None,
+                         "parallel": self.parallel})  # fmt: skip
         self.failed = self.failed + 1 if status == "failed" else 0
         if self.failed >= self.max_failures and not self.closed:  # reported, not retried
             self.log(f"cells: {self.failed} cells failed in a row, stopping the queue")
@@ -425,6 +429,20 @@ class CellRunner:
                  f" comes back light ({dest.stat().st_size / MiB:.1f} MiB, without"
                  f" {', '.join(dropped)}: recomputed on resume)")  # fmt: skip
         return dest
+
+
+def logged_step(run_dir: Path) -> int:
+    """The last step in the run's ``metrics.jsonl`` (logged every ``train.log_every``), or 0."""
+    import json
+
+    path = Path(run_dir) / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return 0
 
 
 def sibling_key(run_dir: Path) -> tuple:
