@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from dpsub.errors import ConfigError
-from dpsub.experiments import tables
+from dpsub.experiments import stats, tables
 
 from helpers.tables import TINY, load_script
 
@@ -230,3 +230,65 @@ def test_averaged_weights_are_tested_against_the_raw_ones_of_the_same_runs(tmp_p
         )
         == []
     )
+
+
+GAINS = """\
+title: Views
+metric: test_accuracy
+layout: {rows: augmult, columns: mechanism}
+experiment: demo
+axes: {mechanism: [dpsgd, gep], augmult: [1, 4]}
+seeds: [0, 1, 2]
+paper: []
+settings:
+  gp: {axes: {mechanism: [dpsgd]}}
+  gep:
+    axes: {mechanism: [gep]}
+    gains: {axis: augmult, from: 1, to: 4, variant: paper,
+            reference: {setting: gp, cell: {mechanism: dpsgd}}}
+"""
+
+
+def gains_text(tmp_path, accs: dict) -> str:
+    """make_table's "Gains" section over fake runs: (setting, mechanism, K) -> accuracies."""
+    make_table = load_script("make_table")
+    spec = tmp_path / "g.yaml"
+    spec.write_text(GAINS)
+    table = tables.load_table(spec)
+    for (setting, mech, k), values in accs.items():
+        for seed, acc in enumerate(values):
+            d = tables.setting_dir(tmp_path, table, setting, []) / "paper"
+            d = d / f"mechanism={mech},augmult={k},seed={seed}"
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text(json.dumps({"test_accuracy": acc}))
+    args = SimpleNamespace(setting="gep", extra=[], runs=tmp_path)
+    return "\n".join(make_table.gains_lines(table, args, make_table.collect(table, args), "gep"))
+
+
+def test_the_gains_rule_tests_each_arm_s_gain_and_their_difference(tmp_path):
+    """``gains``: GEP gains +1 from K = 4, GP +5: "gains less" (Welch-Satterthwaite)."""
+    gp = {("gp", "dpsgd", 1): [0.40, 0.41, 0.42], ("gp", "dpsgd", 4): [0.45, 0.46, 0.47]}
+    text = gains_text(tmp_path, {**gp, ("gep", "gep", 1): [0.30, 0.31, 0.32],
+                                 ("gep", "gep", 4): [0.31, 0.32, 0.33]})  # fmt: skip
+    assert "| gep | 31.00 ± 1.00" in text and "| +1.00 | 0.29 (**not significant**) |" in text
+    assert "| dpsgd (`gp`) |" in text and "| +5.00 | 0.0" in text
+    d = stats.difference_of_gains([31, 32, 33], [30, 31, 32], [45, 46, 47], [40, 41, 42])
+    assert f"| {d.diff:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] | {d.p:.2g}: **gains less** |" in text
+
+
+def test_the_gains_rule_says_inconclusive_when_the_interval_dwarfs_a_gain(tmp_path):
+    gp = {("gp", "dpsgd", 1): [0.40, 0.41, 0.42], ("gp", "dpsgd", 4): [0.42, 0.43, 0.44]}
+    noisy = {("gep", "gep", 1): [0.25, 0.31, 0.37], ("gep", "gep", 4): [0.27, 0.33, 0.39]}
+    assert "**inconclusive**" in gains_text(tmp_path, {**gp, **noisy})
+    (tmp_path / "none").mkdir()
+    assert gains_text(tmp_path / "none", gp) == ""  # no GEP runs: no section
+
+
+def test_a_gains_rule_names_two_values_and_another_setting_with_them(tmp_path):
+    spec = tmp_path / "g.yaml"
+    for bad in ("to: 8", "from: 4", "variant: tune", "setting: nope", "cell: {mechanism: rgp}"):
+        old = {"to": "to: 4", "from": "from: 1", "variant": "variant: paper",
+               "setting": "setting: gp", "cell": "cell: {mechanism: dpsgd}"}[bad.split(":")[0]]  # fmt: skip
+        spec.write_text(GAINS.replace(old, bad, 1))
+        with pytest.raises(ConfigError, match="settings.gep.gains"):
+            tables.load_table(spec)

@@ -155,3 +155,14 @@ def test_the_paired_test_is_scipys_on_the_same_runs():
     assert c.diff == pytest.approx(1.4666666) and c.mark == ">"
     assert c.p == pytest.approx(scipy.stats.ttest_rel(avg, raw).pvalue)
     assert stats.paired(raw, raw).mark == stats.TIE and stats.paired([1.0], [2.0]).mark == "n/a"
+
+
+def test_the_gains_verdict_follows_the_rule_fixed_before_the_runs():
+    """issue 42's rule: significant -> more / less; else inconclusive where the interval is
+    wider than the smaller gain; else no significant difference."""
+    G = stats.Gains
+    assert G(3.0, 1.0, 5.0, 0.01).verdict(4.0, 1.0) == "gains more"
+    assert G(-3.0, -5.0, -1.0, 0.01).verdict(1.0, 4.0) == "gains less"
+    assert G(0.5, -1.0, 2.0, 0.4).verdict(5.0, 4.5) == "no significant difference in gains"
+    assert G(0.5, -1.0, 2.0, 0.4).verdict(5.0, 2.5) == "inconclusive"
+    assert G(0.5, math.nan, math.nan, math.nan).verdict(1.0, 1.0).startswith("n/a")

@@ -413,6 +413,53 @@ def compare_row(table, cell, setting: str, vals: list, ref_vals: list, rlabel: s
             f"{stats.summarize(ref_vals).text()} | {c.diff:+.2f} | {p} |")  # fmt: skip
 
 
+def gains_lines(table, args, found, setting: str) -> list[str]:
+    """The setting's decision rule on gains (``gains``): per row, its gain from axis=from to
+    axis=to (Welch), the reference row's, and the difference of the two gains (Welch-
+    Satterthwaite over the four cells) with its verdict."""
+    g = table.setting(setting).gains
+    if not g:
+        return []
+    axis, v0, v1, variant, ref = g["axis"], g["from"], g["to"], g["variant"], g["reference"]
+    other = collect(table, argparse.Namespace(**{**vars(args), "setting": ref["setting"]}))
+    out = []
+    for cell in (c for c in table.cells(setting) if c[axis] == v0):
+        rcell = {a: ref["cell"].get(a, cell.get(a)) for a in table.axes_of(ref["setting"])}
+        arms = [(found, cell, ""), (other, rcell, f" (`{ref['setting']}`)")]
+        vals = [[cell_values(table, f, variant, {**c, axis: v}) for v in (v0, v1)]
+                for f, c, _ in arms]  # fmt: skip
+        if not all(vals[0]):
+            continue
+        gains = [gain_row(table, c, axis, where, x0, x1, out)
+                 for (_, c, where), (x0, x1) in zip(arms, vals, strict=True)]  # fmt: skip
+        d = stats.difference_of_gains(vals[0][1], vals[0][0], vals[1][1], vals[1][0])
+        p = "n/a" if math.isnan(d.p) else f"{d.p:.2g}"
+        out.append(f"| difference of gains (row minus reference) | | | {d.diff:+.2f} "
+                   f"[{d.lo:+.2f}, {d.hi:+.2f}] | {p}: **{d.verdict(*gains)}** |")  # fmt: skip
+    if not out:
+        return []
+    head = [f"**Gains from {table.label(axis, v1)} over {table.label(axis, v0)}** ({variant}, "
+            f"the setting's decision rule; Welch, {stats.ALPHA}; the difference of gains: "
+            "Welch-Satterthwaite over the four cells, 95% interval):", "",
+            f"| row | {table.label(axis, v0)} | {table.label(axis, v1)} | gain | p |",
+            "|---|---:|---:|---:|---:|"]  # fmt: skip
+    return [*head, *out, ""]
+
+
+def gain_row(table, cell: dict, axis: str, where: str, x0: list, x1: list, out: list) -> float:
+    """One arm's row of "Gains" (appended to ``out``); its gain, mean(x1) - mean(x0)."""
+    name = ", ".join(table.label(a, v) for a, v in cell.items() if a != axis)
+    c = stats.compare(x0, x1)
+    p = (
+        "n/a"
+        if c.mark == "n/a"
+        else f"{c.p:.2g}" + ("" if c.significant else " (**not significant**)")
+    )
+    out.append(f"| {name}{where} | {stats.summarize(x0).text()} | "
+               f"{stats.summarize(x1).text()} | {c.diff:+.2f} | {p} |")  # fmt: skip
+    return c.diff
+
+
 def check_row(label: str, ref: dict, curves: list[dict], chk: dict) -> tuple[list[str], str]:
     """One row's lines of the scaling check and its verdict."""
     rows, inside = [], []
@@ -806,6 +853,7 @@ def readme(table, args, found, rec: dict, figs: list[Path], proj: dict) -> str:
         + verdict_lines(table, found, args.setting)
         + check_lines(table, found, args.setting)
         + compare_lines(table, args, found, args.setting)
+        + gains_lines(table, args, found, args.setting)
         + ema_lines(table, found, args.setting)
     )
     lines += [f"![{f.stem}]({f.name})" for f in figs] + [""]

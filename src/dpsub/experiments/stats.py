@@ -116,6 +116,18 @@ class Gains:
     hi: float
     p: float  # two-sided; nan with fewer than two values in a cell
 
+    def verdict(self, gain_a: float, gain_b: float, alpha: float = ALPHA) -> str:
+        """Arm a against arm b: "gains more" / "gains less" at p < alpha; otherwise
+        "inconclusive" where the interval is wider than the smaller of the two gains (it
+        cannot tell a gain from none), else "no significant difference in gains"."""
+        if math.isnan(self.p):
+            return "n/a (< 2 seeds in a cell)"
+        if self.p < alpha:
+            return "gains more" if self.diff > 0 else "gains less"
+        if self.hi - self.lo > min(gain_a, gain_b):
+            return "inconclusive"
+        return "no significant difference in gains"
+
 
 def difference_of_gains(a1, a0, b1, b0, level: float = LEVEL) -> Gains:
     """Does arm a gain more from a change (0 -> 1) than arm b? The difference of the two

@@ -88,6 +88,10 @@ class Setting:
     #: rows of other settings this setting's rows are Welch-tested against, each
     #: {setting, variant, cell: {axis: value}} (make_table.py, "Against other settings")
     compare: list[dict] = field(default_factory=list)
+    #: a decision rule on gains: {axis, from, to, variant, reference: {setting, cell}}: does
+    #: each of this setting's rows gain from axis=from to axis=to, and by more or less than
+    #: the reference setting's row (make_table.py, "Gains")
+    gains: dict | None = None
 
 
 @dataclass
@@ -279,6 +283,7 @@ def _parse(path: Path, raw: dict) -> Table:
     }
     for sname, s in settings.items():
         _check_compare(f"{path}: settings.{sname}.compare", s.compare, settings, axes)
+        _check_gains(f"{path}: settings.{sname}.gains", s, settings, axes)
     tune = _parse_tune(path, "tune", raw.get("tune"))
     paper = _need(path, raw, "paper", list)
     for i, entry in enumerate(paper):
@@ -295,7 +300,7 @@ def _parse(path: Path, raw: dict) -> Table:
 
 
 SETTING_KEYS = {"note", "overrides", "axes", "seeds", "axis_overrides", "tune", "simulated",
-                "metric", "labels", "check", "compare"}  # fmt: skip
+                "metric", "labels", "check", "compare", "gains"}  # fmt: skip
 
 
 def _parse_setting(path: Path, name: str, s: dict, axes: dict, labels: dict) -> Setting:
@@ -322,7 +327,7 @@ def _parse_setting(path: Path, name: str, s: dict, axes: dict, labels: dict) -> 
         name, s.get("note", ""), s.get("overrides", []), s.get("axes", {}), s.get("seeds"),
         s.get("axis_overrides", {}), _parse_tune(path, f"settings.{name}.tune", s.get("tune")),
         bool(s.get("simulated", False)), s.get("metric"), s.get("check"),
-        list(s.get("compare") or []),
+        list(s.get("compare") or []), s.get("gains"),
     )  # fmt: skip
 
 
@@ -355,6 +360,30 @@ def _check_compare(key: str, compare: list, settings: dict, axes: dict) -> None:
         if not ok:
             raise ConfigError(f"{key}[{i}]: {{setting (another of the table's), variant (paper "
                               "or tuned), cell (values of that setting's axes)}}")  # fmt: skip
+
+
+def _check_gains(key: str, s: Setting, settings: dict, axes: dict) -> None:
+    """``gains: {axis, from, to, variant, reference: {setting, cell}}``: two values of one of
+    the setting's axes, a test-set variant, and another setting whose axes hold both values
+    and the reference ``cell``'s."""
+    g = s.gains
+    if g is None:
+        return
+    ok = isinstance(g, dict) and set(g) == {"axis", "from", "to", "variant", "reference"}
+    mine = {**axes, **s.axes}
+    ok = ok and g["from"] in mine.get(g["axis"], []) and g["to"] in mine.get(g["axis"], [])
+    ok = ok and g["from"] != g["to"] and g["variant"] in ("paper", "tuned")
+    ref = g["reference"] if ok else None
+    ok = ok and isinstance(ref, dict) and set(ref) == {"setting", "cell"}
+    other = settings.get(ref["setting"]) if ok else None
+    theirs = {**axes, **other.axes} if other is not None else {}
+    ok = ok and other is not None and isinstance(ref["cell"], dict)
+    ok = ok and all(v in theirs.get(a, []) for a, v in ref["cell"].items())
+    ok = ok and {g["from"], g["to"]} <= set(theirs.get(g["axis"], []))
+    if not ok:
+        raise ConfigError(f"{key}: {{axis, from, to (two of its values), variant (paper or "
+                          "tuned), reference: {setting (another of the table's, with both "
+                          "values), cell (values of its axes)}}")  # fmt: skip
 
 
 def _check_simulated(path: Path, name: str, raw: dict) -> None:
