@@ -208,7 +208,7 @@ def test_queue_runs_gep_in_its_own_regime_first_then_the_short_campaigns(tmp_pat
     order = list(dict.fromkeys((j.table, j.setting) for j in jobs))
     assert order == [("gep1-cifar10", "stage0"), ("gep1-cifar10", "sim-eps2"),
                      ("gep1-cifar10", "attribution"), ("augmult-cifar10", "sim-eps8"),
-                     ("de2022-cifar10", "paper"),
+                     ("augmult-cifar10", "sim-eps8-gep"), ("de2022-cifar10", "paper"),
                      ("gep1-cifar10", "paper"),
                      ("gep5-aux", "reduced"), ("gep6-anchors", "reduced"),
                      ("rgp-head-cifar10", "reduced"), ("gep-cadence", "paper"),

@@ -5,7 +5,7 @@ its tuning grid first (extended at its edges as the table says), then the picks 
 seed. The queue (:data:`CAMPAIGNS`, in :data:`DEFAULT_ORDER`): GEP's stage-0 scaling check,
 GEP Table 1's CIFAR-10 row noise-matched to its paper cell (``sim-eps2``, tuned; issue 37)
 and its attribution runs, the augmentation-multiplicity study (``augmult-cifar10``
-``sim-eps8``, tuned; issue 42), De et al. 2022's DP-SGD
+``sim-eps8``, tuned; issue 42) and its GEP arm (``sim-eps8-gep``), De et al. 2022's DP-SGD
 recipe (``de2022-cifar10``: augmult, EMA, WS; issue 42), GEP Table 1 in the paper setting,
 then GEP Tables 5 and 6 in their ``reduced`` setting, the RGP head study of issue 27
 (``rgp-head-cifar10``, tuned), the cadence study (``gep-cadence``, tuned), and GEP Table 1's
@@ -95,6 +95,8 @@ CAMPAIGNS = {
     "gep1-cifar10-attribution": Campaign("gep1-cifar10", "attribution"),
     # issue 42's CPU study of K views (DP-SGD; ~11 CPU-hours left, minutes here)
     "augmult-sim-eps8": Campaign("augmult-cifar10", "sim-eps8", tune=True),
+    # its GEP arm (K = 1 now, K* once DP-SGD's grids settle): ~1.6 CPU-hours a run
+    "augmult-sim-eps8-gep": Campaign("augmult-cifar10", "sim-eps8-gep", tune=True),
     "de2022": Campaign("de2022-cifar10", "paper"),  # the DP-SGD recipe (issue 42)
     "gep1-cifar10-paper": Campaign("gep1-cifar10", "paper"),
     "gep5-aux": Campaign("gep5-aux", "reduced"),
