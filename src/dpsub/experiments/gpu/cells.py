@@ -210,7 +210,9 @@ class CellRunner:
     env: dict
     deadline: float
     data_root: str | None = None
-    checkpoint_every: int = 50
+    # a GEP cell at k = 1,000 writes 360 MB a checkpoint that cannot come back unless clean:
+    # every 250 steps (~20 s on a GPU) costs it a few percent; a stop always writes one
+    checkpoint_every: int = 250
     grace_s: float = 45.0  # for the step in flight and the checkpoint after SIGTERM
     min_cell_s: float = 60.0  # do not start a cell with less time than this left
     interrupt_at_checkpoint: bool = False  # tests: SIGTERM at a cell's first checkpoint
