@@ -198,6 +198,13 @@ def test_copy_only_copies_finished_runs_small_files_and_renders_nothing(tmp_path
     copied = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
     run = "paper/mechanism=gep,epsilon=2,seed=0/"
     assert copied == [run + "ledger.json", run + "summary.json", run + "train.log"]
+    assert make_table.main(argv) == 0  # the same runs again: nothing changes
+
+    (base / "mechanism=gep,epsilon=2,seed=0/summary.json").write_text('{"test_accuracy": 0.4}')
+    with pytest.raises(SystemExit) as e:  # another run of a cell already copied
+        make_table.main(argv)
+    assert e.value.code == 2 and "another finished run" in capsys.readouterr().err
+    assert json.loads((dest / run / "summary.json").read_text()) == {"test_accuracy": 0.3}
 
 
 def test_averaged_weights_are_tested_against_the_raw_ones_of_the_same_runs(tmp_path):

@@ -802,10 +802,20 @@ def header(table, args, found, rec: dict) -> list[str]:
 
 # ------------------------------------------------------------------ main
 def copy_runs(found, dest: Path) -> None:
-    for variant in ("paper", "tuned", "tune"):
-        for jobs in found[variant].values():
-            for j in jobs:
-                RunDir(j.dir).copy_small_files(dest / variant / j.name)
+    """Each finished run's small files into ``dest/<variant>/<job>``; nothing when one of them
+    would replace another finished run of the same cell there (a GPU and a CPU lane that
+    both ran it): one line and exit code 2, to be settled by hand."""
+    pairs = [(j.dir, dest / variant / j.name)
+             for variant in ("paper", "tuned", "tune")
+             for jobs in found[variant].values() for j in jobs]  # fmt: skip
+    for src, target in pairs:
+        mine, theirs = target / "summary.json", src / "summary.json"
+        same_dir = target.resolve() == src.resolve()
+        if not same_dir and mine.is_file() and mine.read_bytes() != theirs.read_bytes():
+            die(f"{target}: already holds another finished run of this cell (its summary.json "
+                f"differs from {theirs}'s); keep one of them by hand")  # fmt: skip
+    for src, target in pairs:
+        RunDir(src).copy_small_files(target)
 
 
 def render(table, args) -> Path:
