@@ -329,3 +329,25 @@ def test_harvest_keeps_every_command_s_record_in_its_own_folder(tmp_path):
         "2026-11-26T1753-nvidia-h100-80gb-hbm3": "log 0\n",
         "2026-11-27T1537-nvidia-h200": "log 1\n",
     }
+
+
+def test_harvest_never_replaces_another_finished_run_of_a_cell(tmp_path):
+    """A cell a CPU lane finished (committed here) and the GPU finished too: the committed
+    run stays, the GPU's is set aside in .gpu/conflicts and the harvest says so."""
+    root, out, here = tmp_path / "dev", tmp_path / "out", tmp_path / "here"
+    out.mkdir()
+    gpu = _cell(root, "mechanism=gep,lr=1,seed=0", 10, finished=True)
+    (gpu / cells.SUMMARY).write_text('{"test_accuracy": 0.5}')
+    runner = cells.CellRunner(root, out / "cells.tar", {}, 0.0)
+    runner.touched = [gpu]
+    runner.pack()
+    rel = gpu.relative_to(root)
+    (here / rel).mkdir(parents=True)
+    (here / rel / cells.SUMMARY).write_text('{"test_accuracy": 0.4}')  # the CPU lane's
+    written = cells.harvest_cells(out / "cells.tar", here)
+    assert json.loads((here / rel / cells.SUMMARY).read_text()) == {"test_accuracy": 0.4}
+    aside = here / ".gpu/conflicts" / rel / cells.SUMMARY
+    assert json.loads(aside.read_text()) == {"test_accuracy": 0.5}
+    assert "another finished run" in written[0]
+    (here / rel / cells.SUMMARY).write_text('{"test_accuracy": 0.5}')  # the same run: no clash
+    assert cells.harvest_cells(out / "cells.tar", here)[0].startswith("finished:")

@@ -435,6 +435,20 @@ MUTANTS = (
         ("tests/integration/test_gpu_kit.py", "-k", "bad_setup"),
     ),
     Mutant(
+        "harvest-replaces-another-finished-run",
+        "src/dpsub/experiments/gpu/cells.py",
+        "    return summary.is_file() and summary.read_bytes() != incoming",
+        "    return False",
+        ("tests/integration/test_gpu_kit.py", "-k", "never_replaces"),
+    ),
+    Mutant(
+        "copy-replaces-another-finished-run",
+        "src/dpsub/experiments/make_table.py",
+        "        if not same_dir and mine.is_file() and mine.read_bytes() != theirs.read_bytes():",
+        "        if False:",
+        ("tests/integration/test_simulated_table.py", "-k", "copy_only"),
+    ),
+    Mutant(
         "coverage-forgotten-on-resume",
         "src/dpsub/training/build.py",
         '    run.uncovered = list(state.get("uncovered", []))',

@@ -478,8 +478,12 @@ def harvest_cells(tar_path: Path, root: Path, ckpt_tar: Path | None = None) -> l
         members = safe_members(tar)
         dirs = {Path(m.name).parent for m in members if m.name.startswith("results/")}
         for d in sorted(dirs):
-            done = any(Path(m.name) == d / SUMMARY for m in members)
+            summary = next((m for m in members if Path(m.name) == d / SUMMARY), None)
+            done = summary is not None
             dest = root / d if done else root / GPU_DIR / "cells" / d
+            clash = done and _another_run(root / d / SUMMARY, tar.extractfile(summary).read())
+            if clash:  # a CPU lane finished it too: the one here stays, this one is set aside
+                dest = root / GPU_DIR / "conflicts" / d
             shutil.rmtree(root / GPU_DIR / "cells" / d, ignore_errors=True)  # older state
             for m in members:
                 if Path(m.name).parent != d or (done and Path(m.name).name == CKPT):
@@ -488,11 +492,19 @@ def harvest_cells(tar_path: Path, root: Path, ckpt_tar: Path | None = None) -> l
                 with tar.extractfile(m) as src, open(dest / Path(m.name).name, "wb") as out:
                     shutil.copyfileobj(src, out)
             state = "finished" if done else "in progress"
+            if clash:
+                state = (f"finished, but {d} already holds another finished run of this cell "
+                         "(kept; settle by hand), this one set aside")  # fmt: skip
             if not done and not (dest / CKPT).is_file() and not _extract(ckpt_tar, d / CKPT, dest):
                 shutil.rmtree(dest, ignore_errors=True)
                 state = "in progress, its checkpoint did not come back (it restarts)"
             written.append(f"{state}: {dest}")
     return written
+
+
+def _another_run(summary: Path, incoming: bytes) -> bool:
+    """Whether ``summary`` exists and is not the incoming run's (another finished run)."""
+    return summary.is_file() and summary.read_bytes() != incoming
 
 
 def _extract(tar_path: Path | None, name: Path, dest: Path) -> bool:
