@@ -835,6 +835,10 @@ def render(table, args) -> Path:
         copy_runs(found, dest)
         n = sum(len(jobs) for v in ("paper", "tuned", "tune") for jobs in found[v].values())
         print(f"copied the small files of {n} finished runs into {dest}")
+        if (dest / "README.md").is_file():  # rendered before: it may no longer match the runs
+            print(f"{dest / 'README.md'} was rendered from the runs then: re-render it "
+                  f"(python scripts/make_table.py {table.name} --setting {args.setting}) when "
+                  "its rows should show these (tests/unit/test_results_traced.py checks)")  # fmt: skip
         return dest
     rec = recorded(dest, args)
     proj = {} if args.no_projection else projections(table, found, args, not args.dry_run)
