@@ -299,3 +299,57 @@ def test_a_gains_rule_names_two_values_and_another_setting_with_them(tmp_path):
         spec.write_text(GAINS.replace(old, bad, 1))
         with pytest.raises(ConfigError, match="settings.gep.gains"):
             tables.load_table(spec)
+
+
+DECIDED = """\
+title: Regime
+metric: test_accuracy
+layout: {rows: mechanism, columns: epsilon}
+experiment: demo
+axes: {mechanism: [dpsgd, gep], epsilon: [2]}
+seeds: [0, 1, 2, 3]
+paper: []
+settings:
+  sim:
+    decision: {row: {mechanism: gep}, against: {mechanism: dpsgd}, variant: paper, holds: 5,
+               above: the ordering holds, below: the reversal is robust, max_seeds: 4}
+"""
+
+
+def decision_text(tmp_path, gep: list, gp: list) -> str:
+    make_table = load_script("make_table")
+    spec = tmp_path / "d.yaml"
+    spec.write_text(DECIDED)
+    table = tables.load_table(spec)
+    for mech, values in (("gep", gep), ("dpsgd", gp)):
+        for seed, acc in enumerate(values):
+            d = tables.setting_dir(tmp_path, table, "sim", []) / "paper"
+            d = d / f"mechanism={mech},epsilon=2,seed={seed}"
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text(json.dumps({"test_accuracy": acc}))
+    args = SimpleNamespace(setting="sim", extra=[], runs=tmp_path)
+    return "\n".join(make_table.decision_lines(table, make_table.collect(table, args), "sim"))
+
+
+@pytest.mark.parametrize(
+    "gep, gp, verdict",
+    [
+        ([0.56, 0.57, 0.58], [0.50, 0.51, 0.52], "**the ordering holds**"),  # +6, significant
+        ([0.49, 0.50, 0.51], [0.50, 0.51, 0.52], "**the reversal is robust**"),  # -1
+        ([0.52, 0.53, 0.54], [0.50, 0.51, 0.52], "**in between: add seed 3"),  # +2
+        ([0.52, 0.53, 0.54, 0.53], [0.50, 0.51, 0.52, 0.51], "**unresolved**"),  # 4 = max
+        ([0.50, 0.62, 0.56], [0.50, 0.51, 0.52], "**in between: add seed 3"),  # +5, p > 0.05
+    ],
+)
+def test_the_decision_rule_gives_the_verdict_written_before_the_runs(tmp_path, gep, gp, verdict):
+    text = decision_text(tmp_path, gep, gp)
+    assert "gep - dpsgd >= +5 with Welch p < 0.05" in text and verdict in text, text
+
+
+def test_a_decision_rule_names_cells_of_its_setting_and_a_positive_margin(tmp_path):
+    spec = tmp_path / "d.yaml"
+    for old, bad in (("holds: 5", "holds: 0"), ("{mechanism: dpsgd}", "{mechanism: rgp}"),
+                     ("variant: paper", "variant: tune"), ("max_seeds: 4", "max_seeds: 1")):  # fmt: skip
+        spec.write_text(DECIDED.replace(old, bad, 1))
+        with pytest.raises(ConfigError, match="settings.sim.decision"):
+            tables.load_table(spec)

@@ -446,6 +446,50 @@ def gains_lines(table, args, found, setting: str) -> list[str]:
     return [*head, *out, ""]
 
 
+def decision_lines(table, found, setting: str) -> list[str]:
+    """The setting's decision rule on one row against another (``decision``), per cell of
+    the axes neither names: the difference, its Welch test and the verdict the rule gives."""
+    d = table.setting(setting).decision
+    if not d:
+        return []
+    named = set(d["row"]) | set(d["against"])
+    out = []
+    for cell in table.cells(setting):
+        if any(cell[a] != v for a, v in d["row"].items()):
+            continue
+        a = cell_values(table, found, d["variant"], {**cell, **d["against"]})
+        b = cell_values(table, found, d["variant"], cell)
+        if not (a and b):
+            continue
+        c = stats.compare(a, b)
+        where = ", ".join(table.label(k, v) for k, v in cell.items() if k not in named)
+        p = "n/a" if c.mark == "n/a" else f"{c.p:.2g}"
+        out.append(f"| {where or '-'} | {len(b)} / {len(a)} | {c.diff:+.2f} | {p} | "
+                   f"**{decide(d, c, min(len(a), len(b)))}** |")  # fmt: skip
+    if not out:
+        return []
+    row = ", ".join(table.label(k, v) for k, v in d["row"].items())
+    against = ", ".join(table.label(k, v) for k, v in d["against"].items())
+    head = [f"**Decision rule** (fixed before the runs; {d['variant']}): {row} - {against} >= "
+            f"+{d['holds']:g} with Welch p < {stats.ALPHA}: {d['above']}; <= 0: {d['below']}; "
+            f"in between: seeds added up to {d['max_seeds']}, then unresolved.", "",
+            f"| cell | seeds ({row} / {against}) | Δ | p | verdict |", "|---|---:|---:|---:|---|"]  # fmt: skip
+    return [*head, *out, ""]
+
+
+def decide(d: dict, c, seeds: int) -> str:
+    """The verdict of a ``decision`` rule for a comparison ``c`` at ``seeds`` seeds."""
+    if c.mark == "n/a":
+        return "n/a (< 2 seeds)"
+    if c.diff >= d["holds"] and c.p < stats.ALPHA:
+        return d["above"]
+    if c.diff <= 0:
+        return d["below"]
+    if seeds < d["max_seeds"]:
+        return f"in between: add seed {seeds} (the rule allows up to {d['max_seeds']})"
+    return "unresolved"
+
+
 def gain_row(table, cell: dict, axis: str, where: str, x0: list, x1: list, out: list) -> float:
     """One arm's row of "Gains" (appended to ``out``); its gain, mean(x1) - mean(x0)."""
     name = ", ".join(table.label(a, v) for a, v in cell.items() if a != axis)
@@ -868,6 +912,7 @@ def readme(table, args, found, rec: dict, figs: list[Path], proj: dict) -> str:
         + check_lines(table, found, args.setting)
         + compare_lines(table, args, found, args.setting)
         + gains_lines(table, args, found, args.setting)
+        + decision_lines(table, found, args.setting)
         + ema_lines(table, found, args.setting)
     )
     lines += [f"![{f.stem}]({f.name})" for f in figs] + [""]

@@ -92,6 +92,10 @@ class Setting:
     #: each of this setting's rows gain from axis=from to axis=to, and by more or less than
     #: the reference setting's row (make_table.py, "Gains")
     gains: dict | None = None
+    #: a decision rule on one row against another: {row, against, variant, holds, above,
+    #: below, max_seeds} (make_table.py, "Decision rule"): row - against >= holds with Welch
+    #: p < 0.05 -> ``above``; <= 0 -> ``below``; else add seeds up to max_seeds, then unresolved
+    decision: dict | None = None
 
 
 @dataclass
@@ -284,6 +288,7 @@ def _parse(path: Path, raw: dict) -> Table:
     for sname, s in settings.items():
         _check_compare(f"{path}: settings.{sname}.compare", s.compare, settings, axes)
         _check_gains(f"{path}: settings.{sname}.gains", s, settings, axes)
+        _check_decision(f"{path}: settings.{sname}.decision", s.decision, {**axes, **s.axes})
     tune = _parse_tune(path, "tune", raw.get("tune"))
     paper = _need(path, raw, "paper", list)
     for i, entry in enumerate(paper):
@@ -300,7 +305,7 @@ def _parse(path: Path, raw: dict) -> Table:
 
 
 SETTING_KEYS = {"note", "overrides", "axes", "seeds", "axis_overrides", "tune", "simulated",
-                "metric", "labels", "check", "compare", "gains"}  # fmt: skip
+                "metric", "labels", "check", "compare", "gains", "decision"}  # fmt: skip
 
 
 def _parse_setting(path: Path, name: str, s: dict, axes: dict, labels: dict) -> Setting:
@@ -327,7 +332,7 @@ def _parse_setting(path: Path, name: str, s: dict, axes: dict, labels: dict) -> 
         name, s.get("note", ""), s.get("overrides", []), s.get("axes", {}), s.get("seeds"),
         s.get("axis_overrides", {}), _parse_tune(path, f"settings.{name}.tune", s.get("tune")),
         bool(s.get("simulated", False)), s.get("metric"), s.get("check"),
-        list(s.get("compare") or []), s.get("gains"),
+        list(s.get("compare") or []), s.get("gains"), s.get("decision"),
     )  # fmt: skip
 
 
@@ -384,6 +389,25 @@ def _check_gains(key: str, s: Setting, settings: dict, axes: dict) -> None:
         raise ConfigError(f"{key}: {{axis, from, to (two of its values), variant (paper or "
                           "tuned), reference: {setting (another of the table's, with both "
                           "values), cell (values of its axes)}}")  # fmt: skip
+
+
+DECISION_KEYS = {"row", "against", "variant", "holds", "above", "below", "max_seeds"}
+
+
+def _check_decision(key: str, d: dict | None, axes: dict) -> None:
+    """``decision``: two cells of the setting (``row``, ``against``: values of its axes), a
+    test-set variant, a margin ``holds`` > 0, the two verdicts' words, ``max_seeds`` >= 2."""
+    if d is None:
+        return
+    ok = isinstance(d, dict) and set(d) == DECISION_KEYS
+    ok = ok and all(isinstance(d[c], dict) and d[c] and
+                    all(v in axes.get(a, []) for a, v in d[c].items()) for c in ("row", "against"))  # fmt: skip
+    ok = ok and d["variant"] in ("paper", "tuned") and isinstance(d["holds"], (int, float))
+    ok = ok and d["holds"] > 0 and isinstance(d["max_seeds"], int) and d["max_seeds"] >= 2
+    if not ok:
+        raise ConfigError(f"{key}: {{row, against (values of the setting's axes), variant "
+                          "(paper or tuned), holds (> 0), above, below (the verdicts), "
+                          "max_seeds (>= 2)}")  # fmt: skip
 
 
 def _check_simulated(path: Path, name: str, raw: dict) -> None:
