@@ -449,6 +449,20 @@ MUTANTS = (
         ("tests/integration/test_simulated_table.py", "-k", "copy_only"),
     ),
     Mutant(
+        "decision-rule-without-its-test",
+        "src/dpsub/experiments/make_table.py",
+        '    if c.diff >= d["holds"] and c.p < stats.ALPHA:',
+        '    if c.diff >= d["holds"]:',
+        ("tests/integration/test_simulated_table.py", "-k", "decision_rule_gives"),
+    ),
+    Mutant(
+        "gains-verdict-never-inconclusive",
+        "src/dpsub/experiments/stats.py",
+        "        if self.hi - self.lo > min(gain_a, gain_b):",
+        "        if False:",
+        ("tests/unit/test_stats.py", "-k", "gains_verdict"),
+    ),
+    Mutant(
         "coverage-forgotten-on-resume",
         "src/dpsub/training/build.py",
         '    run.uncovered = list(state.get("uncovered", []))',
