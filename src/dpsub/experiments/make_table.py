@@ -46,7 +46,7 @@ from dpsub.experiments import stats, studies, tables
 from dpsub.experiments.commands import how_to_run
 from dpsub.paths import project_root
 from dpsub.privacy.simulate import NOT_A_GUARANTEE
-from dpsub.rundir import CHECKPOINT, NOT_RECORDED, RunDir, provenance
+from dpsub.rundir import CHECKPOINT, NOT_RECORDED, SUMMARY, RunDir, provenance
 
 PROJECTION = "public_projection.json"
 PROVENANCE = "provenance.json"
@@ -853,7 +853,7 @@ def copy_runs(found, dest: Path) -> None:
              for variant in ("paper", "tuned", "tune")
              for jobs in found[variant].values() for j in jobs]  # fmt: skip
     for src, target in pairs:
-        mine, theirs = target / "summary.json", src / "summary.json"
+        mine, theirs = target / SUMMARY, src / SUMMARY
         same_dir = target.resolve() == src.resolve()
         if not same_dir and mine.is_file() and mine.read_bytes() != theirs.read_bytes():
             die(f"{target}: already holds another finished run of this cell (its summary.json "
