@@ -39,6 +39,15 @@ def rendered(tmp_path, text: str, gep: str):
     return make_table, table, found
 
 
+def write_runs(root, table, setting: str, cell: str, values: list) -> None:
+    """Finished fake runs of ``cell`` (its folder name) at seeds 0, 1, ... with these test
+    accuracies, in the ``paper`` variant of ``setting``."""
+    for seed, acc in enumerate(values):
+        d = tables.setting_dir(root, table, setting, []) / "paper" / f"{cell},seed={seed}"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"test_accuracy": acc}))
+
+
 MARKED = TINY.replace("    note: two steps", "    simulated: true\n    note: two steps")
 
 
@@ -144,11 +153,7 @@ def test_a_setting_is_welch_tested_against_the_rows_of_another(tmp_path):
     accs = {("long", "dpsgd"): [0.40, 0.42, 0.41], ("long", "gep"): [0.1, 0.1, 0.1],
             ("attr", "gep"): [0.30, 0.31, 0.29]}  # fmt: skip
     for (setting, mech), values in accs.items():
-        for seed, acc in enumerate(values):
-            d = tables.setting_dir(tmp_path, table, setting, []) / "paper"
-            d = d / f"mechanism={mech},epsilon=2,seed={seed}"
-            d.mkdir(parents=True)
-            (d / "summary.json").write_text(json.dumps({"test_accuracy": acc}))
+        write_runs(tmp_path, table, setting, f"mechanism={mech},epsilon=2", values)
     args = SimpleNamespace(setting="attr", extra=[], runs=tmp_path)
     found = make_table.collect(table, args)
     (row,) = [r for r in make_table.compare_lines(table, args, found, "attr") if "| gep, 2 |" in r]
@@ -263,11 +268,7 @@ def gains_text(tmp_path, accs: dict) -> str:
     spec.write_text(GAINS)
     table = tables.load_table(spec)
     for (setting, mech, k), values in accs.items():
-        for seed, acc in enumerate(values):
-            d = tables.setting_dir(tmp_path, table, setting, []) / "paper"
-            d = d / f"mechanism={mech},augmult={k},seed={seed}"
-            d.mkdir(parents=True)
-            (d / "summary.json").write_text(json.dumps({"test_accuracy": acc}))
+        write_runs(tmp_path, table, setting, f"mechanism={mech},augmult={k}", values)
     args = SimpleNamespace(setting="gep", extra=[], runs=tmp_path)
     return "\n".join(make_table.gains_lines(table, args, make_table.collect(table, args), "gep"))
 
@@ -322,11 +323,7 @@ def decision_text(tmp_path, gep: list, gp: list) -> str:
     spec.write_text(DECIDED)
     table = tables.load_table(spec)
     for mech, values in (("gep", gep), ("dpsgd", gp)):
-        for seed, acc in enumerate(values):
-            d = tables.setting_dir(tmp_path, table, "sim", []) / "paper"
-            d = d / f"mechanism={mech},epsilon=2,seed={seed}"
-            d.mkdir(parents=True)
-            (d / "summary.json").write_text(json.dumps({"test_accuracy": acc}))
+        write_runs(tmp_path, table, "sim", f"mechanism={mech},epsilon=2", values)
     args = SimpleNamespace(setting="sim", extra=[], runs=tmp_path)
     return "\n".join(make_table.decision_lines(table, make_table.collect(table, args), "sim"))
 
