@@ -401,14 +401,18 @@ def compare_lines(table, args, found, setting: str) -> list[str]:
     return [*out, ""] if len(out) > 4 else []  # no row of this setting has runs yet
 
 
+def welch_p(c) -> str:
+    """A Welch comparison's p for a table cell: "n/a" under 2 seeds, "not significant" marked."""
+    if c.mark == "n/a":
+        return "n/a (< 2 seeds)"
+    return f"{c.p:.2g}" + ("" if c.significant else " (**not significant**)")
+
+
 def compare_row(table, cell, setting: str, vals: list, ref_vals: list, rlabel: str) -> str:
     """One row of "Against other settings"."""
     label = ", ".join(table.label(a, cell[a]) for a in table.axes_of(setting))
     c = stats.compare(ref_vals, vals)
-    if c.mark == "n/a":
-        p = "n/a (< 2 seeds)"
-    else:
-        p = f"{c.p:.2g}" + ("" if c.significant else " (**not significant**)")
+    p = welch_p(c)
     return (f"| {label} | {stats.summarize(vals).text()} | {rlabel} | "
             f"{stats.summarize(ref_vals).text()} | {c.diff:+.2f} | {p} |")  # fmt: skip
 
@@ -494,11 +498,7 @@ def gain_row(table, cell: dict, axis: str, where: str, x0: list, x1: list, out: 
     """One arm's row of "Gains" (appended to ``out``); its gain, mean(x1) - mean(x0)."""
     name = ", ".join(table.label(a, v) for a, v in cell.items() if a != axis)
     c = stats.compare(x0, x1)
-    p = (
-        "n/a"
-        if c.mark == "n/a"
-        else f"{c.p:.2g}" + ("" if c.significant else " (**not significant**)")
-    )
+    p = welch_p(c)
     out.append(f"| {name}{where} | {stats.summarize(x0).text()} | "
                f"{stats.summarize(x1).text()} | {c.diff:+.2f} | {p} |")  # fmt: skip
     return c.diff
