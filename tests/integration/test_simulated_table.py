@@ -157,7 +157,11 @@ def test_a_setting_is_welch_tested_against_the_rows_of_another(tmp_path):
     args = SimpleNamespace(setting="attr", extra=[], runs=tmp_path)
     found = make_table.collect(table, args)
     (row,) = [r for r in make_table.compare_lines(table, args, found, "attr") if "| gep, 2 |" in r]
-    assert "`long` dpsgd (paper)" in row and "| -11.00 |" in row and "not significant" not in row
+    assert (
+        "`long` dpsgd (paper)" in row
+        and "| -11.00 [-13.27, -8.73] |" in row
+        and "not significant" not in row
+    )
     empty = {v: {} for v in ("paper", "tuned", "tune")}
     assert make_table.compare_lines(table, args, empty, "attr") == []  # no runs: no section
 
@@ -231,7 +235,7 @@ def test_averaged_weights_are_tested_against_the_raw_ones_of_the_same_runs(tmp_p
     )
     text = "\n".join(make_table.ema_lines(table, found, "attr"))
     assert "| gep, 2 (paper) | 45.00 ± 1.00" in text and "41.00 ± 1.00" in text
-    assert "+4.00 > (p=" in text
+    assert "+4.00 [+1.52, +6.48] > (p=" in text
     assert (
         make_table.ema_lines(
             table,
@@ -278,8 +282,11 @@ def test_the_gains_rule_tests_each_arm_s_gain_and_their_difference(tmp_path):
     gp = {("gp", "dpsgd", 1): [0.40, 0.41, 0.42], ("gp", "dpsgd", 4): [0.45, 0.46, 0.47]}
     text = gains_text(tmp_path, {**gp, ("gep", "gep", 1): [0.30, 0.31, 0.32],
                                  ("gep", "gep", 4): [0.31, 0.32, 0.33]})  # fmt: skip
-    assert "| gep | 31.00 ± 1.00" in text and "| +1.00 | 0.29 (**not significant**) |" in text
-    assert "| dpsgd (`gp`) |" in text and "| +5.00 | 0.0" in text
+    assert (
+        "| gep | 31.00 ± 1.00" in text
+        and "| +1.00 [-1.27, +3.27] | 0.29 (**not significant**) |" in text
+    )
+    assert "| dpsgd (`gp`) |" in text and "| +5.00 [+2.73, +7.27] | 0.0" in text
     d = stats.difference_of_gains([31, 32, 33], [30, 31, 32], [45, 46, 47], [40, 41, 42])
     assert f"| {d.diff:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] | {d.p:.2g}: **gains less** |" in text
 

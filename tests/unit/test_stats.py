@@ -166,3 +166,26 @@ def test_the_gains_verdict_follows_the_rule_fixed_before_the_runs():
     assert G(0.5, -1.0, 2.0, 0.4).verdict(5.0, 4.5) == "no significant difference in gains"
     assert G(0.5, -1.0, 2.0, 0.4).verdict(5.0, 2.5) == "inconclusive"
     assert G(0.5, math.nan, math.nan, math.nan).verdict(1.0, 1.0).startswith("n/a")
+
+
+def test_the_interval_of_a_difference_is_welchs_and_agrees_with_its_test():
+    """compare's interval is scipy's Welch interval of mean(b) - mean(a); paired's is the
+    t-interval of the mean paired difference; each excludes 0 exactly when the test is
+    significant, and the table text carries it."""
+    from scipy import stats as st
+
+    a, b = [90.1, 91.3, 89.8], [92.0, 93.1, 92.6, 91.7]
+    c = stats.compare(a, b)
+    ci = st.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)
+    assert (c.lo, c.hi) == pytest.approx((ci.low, ci.high))
+    assert c.text() == f"{c.diff:+.2f} [{c.lo:+.2f}, {c.hi:+.2f}] > (p={c.p:.2g})"
+    r = st.ttest_rel([92.0, 93.1, 92.6], a).confidence_interval(0.95)
+    d = stats.paired(a, [92.0, 93.1, 92.6])
+    assert (d.lo, d.hi) == pytest.approx((r.low, r.high))
+    for seed in range(20):  # the interval and the test never disagree
+        x, y = seeds(90.0, n=3, seed=seed), seeds(90.6, n=3, seed=seed + 50)
+        c = stats.compare(x, y)
+        assert c.significant == (not c.lo <= 0 <= c.hi), c
+    assert stats.compare([90.0], [91.0, 92.0]).diff_text() == "+1.50"  # no test: no interval
+    same = stats.compare([1.0, 1.0], [2.0, 2.0])  # no spread: a point interval
+    assert (same.lo, same.hi, same.mark) == (1.0, 1.0, ">")

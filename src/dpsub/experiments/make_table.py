@@ -371,7 +371,8 @@ def ema_lines(table, found, setting: str) -> list[str]:
     if not out:
         return []
     head = [f"**Parameter averaging** ({split} accuracy, %: the averaged weights against the raw "
-            f"weights of the same runs, paired t-test, {stats.ALPHA}):", "",
+            f"weights of the same runs, paired t-test, {stats.ALPHA}; the mean difference [its "
+            "95% interval]):", "",
             "| row | averaged | raw | averaged - raw |", "|---|---:|---:|---:|"]  # fmt: skip
     return [*head, *out, ""]
 
@@ -383,7 +384,7 @@ def compare_lines(table, args, found, setting: str) -> list[str]:
     if not refs:
         return []
     out = [f"**Against other settings** (Welch, {stats.ALPHA}; Δ = this row minus the "
-           "reference):", "", "| row | this setting | reference | reference value | Δ | p |",
+           "reference [95% interval]):", "", "| row | this setting | reference | reference value | Δ | p |",
            "|---|---:|---|---:|---:|---:|"]  # fmt: skip
     for ref in refs:
         other = collect(table, argparse.Namespace(**{**vars(args), "setting": ref["setting"]}))
@@ -414,7 +415,7 @@ def compare_row(table, cell, setting: str, vals: list, ref_vals: list, rlabel: s
     c = stats.compare(ref_vals, vals)
     p = welch_p(c)
     return (f"| {label} | {stats.summarize(vals).text()} | {rlabel} | "
-            f"{stats.summarize(ref_vals).text()} | {c.diff:+.2f} | {p} |")  # fmt: skip
+            f"{stats.summarize(ref_vals).text()} | {c.diff_text()} | {p} |")  # fmt: skip
 
 
 def gains_lines(table, args, found, setting: str) -> list[str]:
@@ -468,7 +469,7 @@ def decision_lines(table, found, setting: str) -> list[str]:
         c = stats.compare(a, b)
         where = ", ".join(table.label(k, v) for k, v in cell.items() if k not in named)
         p = "n/a" if c.mark == "n/a" else f"{c.p:.2g}"
-        out.append(f"| {where or '-'} | {len(b)} / {len(a)} | {c.diff:+.2f} | {p} | "
+        out.append(f"| {where or '-'} | {len(b)} / {len(a)} | {c.diff_text()} | {p} | "
                    f"**{decide(d, c, min(len(a), len(b)))}** |")  # fmt: skip
     if not out:
         return []
@@ -477,7 +478,7 @@ def decision_lines(table, found, setting: str) -> list[str]:
     head = [f"**Decision rule** (fixed before the runs; {d['variant']}): {row} - {against} >= "
             f"+{d['holds']:g} with Welch p < {stats.ALPHA}: {d['above']}; <= 0: {d['below']}; "
             f"in between: seeds added up to {d['max_seeds']}, then unresolved.", "",
-            f"| cell | seeds ({row} / {against}) | Δ | p | verdict |", "|---|---:|---:|---:|---|"]  # fmt: skip
+            f"| cell | seeds ({row} / {against}) | Δ [95% interval] | p | verdict |", "|---|---:|---:|---:|---|"]  # fmt: skip
     return [*head, *out, ""]
 
 
@@ -500,7 +501,7 @@ def gain_row(table, cell: dict, axis: str, where: str, x0: list, x1: list, out: 
     c = stats.compare(x0, x1)
     p = welch_p(c)
     out.append(f"| {name}{where} | {stats.summarize(x0).text()} | "
-               f"{stats.summarize(x1).text()} | {c.diff:+.2f} | {p} |")  # fmt: skip
+               f"{stats.summarize(x1).text()} | {c.diff_text()} | {p} |")  # fmt: skip
     return c.diff
 
 
@@ -545,12 +546,12 @@ def verdict(table, found, variant: str, cell: dict, base: str, setting: str) -> 
     paper = paper_difference(table, cell)
     tail = "" if paper is None else f"; paper {paper:+.1f}"
     if not c.significant:
-        return f"{row} - {base} **not significant** ({c.diff:+.2f}, p = {c.p:.2g}{tail})"
+        return f"{row} - {base} **not significant** ({c.diff_text()}, p = {c.p:.2g}{tail})"
     if paper:
         same = (paper > 0) == (c.diff > 0)
         tail += ": as in the paper" if same else ": **the ordering reverses in this setting**"
     side = "above" if c.diff > 0 else "below"
-    return f"{row} {side} {base} ({c.diff:+.2f}, p = {c.p:.2g}{tail})"
+    return f"{row} {side} {base} ({c.diff_text()}, p = {c.p:.2g}{tail})"
 
 
 def paper_difference(table, cell: dict) -> float | None:
@@ -566,12 +567,17 @@ def baseline_label(table) -> str:
     return table.label(*table.baseline).split(" (")[0]  # "GP (DP-SGD)" -> "GP"
 
 
+TIE_NOTE = (
+    "(a tie: the table does not order the two; where its interval reaches differences as large "
+    "as those in question, the tie is inconclusive at these seeds, not evidence of no difference)"
+)
 STATS_NOTE = (
     "Cells: mean ± sample std [95% Student-t interval of the mean] (number of seeds); "
     "Δ = measured mean minus the paper's value. *vs GP* (or *vs DP-SGD*): the difference of the "
-    "means from DP-SGD (GP) with the same hyper-parameter variant in the same column, and a two-sided "
+    "means from DP-SGD (GP) with the same hyper-parameter variant in the same column [its 95% "
+    "Welch-Satterthwaite interval], and a two-sided "
     f"Welch t-test: `>`/`<` significant at {stats.ALPHA}, `{stats.TIE}` **not significant** "
-    "(a tie: the table does not order the two)."
+    f"{TIE_NOTE}."
 )
 
 
@@ -580,9 +586,9 @@ def stats_note(table) -> str:
     axis, ref = table.baseline
     return STATS_NOTE.split(" *vs GP*")[0] + (
         f" *vs {baseline_label(table)}*: the difference of the means from the cells with "
-        f"{axis} = {ref} ({table.label(axis, ref)}), same variant, and a two-sided Welch "
-        f"t-test: `>`/`<` significant at {stats.ALPHA}, `{stats.TIE}` **not significant** "
-        "(a tie: the table does not order the two)."
+        f"{axis} = {ref} ({table.label(axis, ref)}), same variant [its 95% Welch-Satterthwaite "
+        f"interval], and a two-sided Welch t-test: `>`/`<` significant at {stats.ALPHA}, "
+        f"`{stats.TIE}` **not significant** {TIE_NOTE}."
     )
 
 

@@ -2,9 +2,12 @@
 
 A cell of a results table is the metric over seeds. ``summarize(values)`` gives its mean,
 sample std and the 95% Student-t interval of the mean; ``compare(a, b)`` is the two-sided
-Welch t-test of two cells (unequal variances) and the mark a table prints beside the
-second: ``>``/``<`` when the difference is significant at ``ALPHA`` (0.05), ``≈`` (a tie)
-when it is not, ``n/a`` with fewer than two seeds on either side (no test possible).
+Welch t-test of two cells (unequal variances), the 95% Welch-Satterthwaite interval of
+their difference and the mark a table prints beside the second: ``>``/``<`` when the
+difference is significant at ``ALPHA`` (0.05), ``≈`` (a tie) when it is not, ``n/a`` with
+fewer than two seeds on either side (no test possible). The interval is what a tie is read
+by: one that reaches differences as large as those in question makes the tie inconclusive
+(too few seeds), not evidence of no difference.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ALPHA", "Comparison", "Gains", "Summary", "compare", "difference_of_gains", "paired",
-    "summarize",
+    "summarize", "welch",
 ]  # fmt: skip
 
 ALPHA = 0.05
@@ -61,52 +64,75 @@ class Comparison:
     diff: float  # mean(b) - mean(a)
     p: float  # two-sided Welch p-value (nan when no test is possible)
     mark: str  # ">" b significantly above a, "<" below, "≈" no significant difference, "n/a"
+    lo: float = math.nan  # the 95% interval of the difference (nan when no test is possible)
+    hi: float = math.nan
 
     @property
     def significant(self) -> bool:
         return self.mark in (">", "<")
 
+    def diff_text(self) -> str:
+        """``+1.23 [-0.45, +2.91]``: the difference and its 95% interval (only the
+        difference when no test is possible)."""
+        if math.isnan(self.lo):
+            return f"{self.diff:+.2f}"
+        return f"{self.diff:+.2f} [{self.lo:+.2f}, {self.hi:+.2f}]"
+
     def text(self) -> str:
         if self.mark == "n/a":
             return f"{self.diff:+.2f} (n/a: < 2 seeds)"
         if self.significant:
-            return f"{self.diff:+.2f} {self.mark} (p={self.p:.2g})"
-        return f"{self.diff:+.2f} {TIE} (p={self.p:.2g}, not significant)"
+            return f"{self.diff_text()} {self.mark} (p={self.p:.2g})"
+        return f"{self.diff_text()} {TIE} (p={self.p:.2g}, not significant)"
+
+
+def _marked(diff: float, p: float, lo: float, hi: float, alpha: float) -> Comparison:
+    mark = (">" if diff > 0 else "<") if p < alpha else TIE
+    return Comparison(diff, p, mark, lo, hi)
+
+
+def welch(cells: list[Summary], level: float = LEVEL) -> tuple[float, float, float]:
+    """``(se, df, t)`` of a signed sum of independent cell means: its standard error
+    sqrt(sum s_i^2 / n_i), Welch-Satterthwaite degrees of freedom and the two-sided
+    ``level`` t-quantile (``t * se``: the half-width of its interval). Every cell needs
+    two values; ``se`` 0 (no spread anywhere) gives ``df`` and ``t`` nan."""
+    parts = [c.std**2 / c.n for c in cells]
+    se = math.sqrt(sum(parts))
+    if se == 0:
+        return 0.0, math.nan, math.nan
+    from scipy import stats
+
+    df = sum(parts) ** 2 / sum(v**2 / (c.n - 1) for v, c in zip(parts, cells, strict=True))
+    return se, df, float(stats.t.ppf(0.5 + level / 2, df))
 
 
 def compare(a: list[float], b: list[float], alpha: float = ALPHA) -> Comparison:
-    """Two-sided Welch t-test of ``b`` against ``a``."""
+    """Two-sided Welch t-test of ``b`` against ``a``, with the 95% interval of the difference."""
     sa, sb = summarize(a), summarize(b)
     diff = sb.mean - sa.mean
     if sa.n < 2 or sb.n < 2:
         return Comparison(diff, math.nan, "n/a")
-    if sa.std == 0 and sb.std == 0:  # identical repeats: the t statistic is undefined
-        p = 1.0 if diff == 0 else 0.0
-    else:
-        from scipy import stats
+    se, df, t = welch([sa, sb])
+    if se == 0:  # identical repeats: the t statistic is undefined
+        return _marked(diff, 1.0 if diff == 0 else 0.0, diff, diff, alpha)
+    from scipy import stats
 
-        p = float(stats.ttest_ind(b, a, equal_var=False).pvalue)
-    if p < alpha:
-        return Comparison(diff, p, ">" if diff > 0 else "<")
-    return Comparison(diff, p, TIE)
+    p = float(2 * stats.t.sf(abs(diff) / se, df))
+    return _marked(diff, p, diff - t * se, diff + t * se, alpha)
 
 
 def paired(a: list[float], b: list[float], alpha: float = ALPHA) -> Comparison:
     """Two-sided paired t-test of ``b`` against ``a``: the same runs measured two ways (e.g.
     their averaged and their raw weights), value i of each from run i."""
-    d = [float(y) - float(x) for x, y in zip(a, b, strict=True)]
-    diff = statistics.fmean(d) if d else math.nan
-    if len(d) < 2:
-        return Comparison(diff, math.nan, "n/a")
-    if statistics.stdev(d) == 0:  # the same difference in every run: t undefined
-        p = 1.0 if diff == 0 else 0.0
-    else:
-        from scipy import stats
+    d = summarize([float(y) - float(x) for x, y in zip(a, b, strict=True)])
+    if d.n < 2:
+        return Comparison(d.mean, math.nan, "n/a")
+    if d.std == 0:  # the same difference in every run: t undefined
+        return _marked(d.mean, 1.0 if d.mean == 0 else 0.0, d.mean, d.mean, alpha)
+    from scipy import stats
 
-        p = float(stats.ttest_rel(b, a).pvalue)
-    if p < alpha:
-        return Comparison(diff, p, ">" if diff > 0 else "<")
-    return Comparison(diff, p, TIE)
+    p = float(stats.ttest_rel(b, a).pvalue)
+    return _marked(d.mean, p, d.lo, d.hi, alpha)
 
 
 @dataclass(frozen=True)
@@ -137,13 +163,10 @@ def difference_of_gains(a1, a0, b1, b0, level: float = LEVEL) -> Gains:
     diff = (cells[0].mean - cells[1].mean) - (cells[2].mean - cells[3].mean)
     if any(c.n < 2 for c in cells):
         return Gains(diff, math.nan, math.nan, math.nan)
-    parts = [c.std**2 / c.n for c in cells]
-    se = math.sqrt(sum(parts))
+    se, df, t = welch(cells, level)
     if se == 0:
         return Gains(diff, diff, diff, 1.0 if diff == 0 else 0.0)
     from scipy import stats
 
-    df = sum(parts) ** 2 / sum(v**2 / (c.n - 1) for v, c in zip(parts, cells, strict=True))
-    half = stats.t.ppf(0.5 + level / 2, df) * se
     p = float(2 * stats.t.sf(abs(diff) / se, df))
-    return Gains(diff, diff - half, diff + half, p)
+    return Gains(diff, diff - t * se, diff + t * se, p)
