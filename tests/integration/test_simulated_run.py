@@ -35,6 +35,16 @@ def test_a_simulated_run_is_labelled_and_charged_its_own_noise(tmp_path):
     assert ledger.history == [(pytest.approx(z_run), q, 3)]  # the noise drawn, never z_ref
     log = (tmp_path / "run" / "train.log").read_text()
     assert "not a privacy guarantee" in log and "NOT a privacy guarantee" in log
+    assert "is below this run's batch" not in log
+
+
+def test_a_reference_batch_below_the_runs_own_is_warned_about(tmp_path):
+    """Simulating a smaller batch's noise makes a run noisier than it need be: legal (its
+    own epsilon stays right), but most likely a mistake, so the log says so."""
+    train(compose_cfg(*SYNTH, "train.max_steps=1", "privacy.simulate.batch_size=16",
+                      "privacy.simulate.noise_multiplier=2.0"), tmp_path / "run")  # fmt: skip
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "privacy.simulate.batch_size=16 is below this run's batch 64" in log
 
 
 def test_resume_refuses_a_changed_simulation(tmp_path):

@@ -410,6 +410,14 @@ def _warn_not_covered(run: Run, private: bool) -> None:
             "epsilon %.4g only names the noise level; this run's outputs are not covered",
             run.z, run.q, run.account.simulation.epsilon_ref,
         )  # fmt: skip
+        sim = run.account.simulation
+        if sim.batch_size < sim.run_batch_size:
+            log.warning(
+                "privacy.simulate.batch_size=%d is below this run's batch %d: it draws more "
+                "noise than a real run at its own batch would need (a simulation stands a small "
+                "batch in for a larger one); for a guarantee at this noise, drop privacy.simulate",
+                sim.batch_size, sim.run_batch_size,
+            )  # fmt: skip
     if not run.account.covered_by_epsilon:
         log.warning(
             "mechanism.accounting=nominal: the budget is enforced on the paper's nominal "
