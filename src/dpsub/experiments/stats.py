@@ -91,19 +91,20 @@ def _marked(diff: float, p: float, lo: float, hi: float, alpha: float) -> Compar
     return Comparison(diff, p, mark, lo, hi)
 
 
-def welch(cells: list[Summary], level: float = LEVEL) -> tuple[float, float, float]:
-    """``(se, df, t)`` of a signed sum of independent cell means: its standard error
-    sqrt(sum s_i^2 / n_i), Welch-Satterthwaite degrees of freedom and the two-sided
-    ``level`` t-quantile (``t * se``: the half-width of its interval). Every cell needs
-    two values; ``se`` 0 (no spread anywhere) gives ``df`` and ``t`` nan."""
+def welch(diff: float, cells: list[Summary], level: float = LEVEL) -> tuple[float, float, float]:
+    """``(lo, hi, p)`` for ``diff``, a signed sum of independent cell means: its ``level``
+    interval and two-sided p from the standard error sqrt(sum s_i^2 / n_i) and Welch-
+    Satterthwaite degrees of freedom. Every cell needs two values; without any spread the
+    interval is the point and p is 1 (``diff`` 0) or 0."""
     parts = [c.std**2 / c.n for c in cells]
     se = math.sqrt(sum(parts))
-    if se == 0:
-        return 0.0, math.nan, math.nan
+    if se == 0:  # identical repeats: the t statistic is undefined
+        return diff, diff, 1.0 if diff == 0 else 0.0
     from scipy import stats
 
     df = sum(parts) ** 2 / sum(v**2 / (c.n - 1) for v, c in zip(parts, cells, strict=True))
-    return se, df, float(stats.t.ppf(0.5 + level / 2, df))
+    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
+    return diff - half, diff + half, float(2 * stats.t.sf(abs(diff) / se, df))
 
 
 def compare(a: list[float], b: list[float], alpha: float = ALPHA) -> Comparison:
@@ -112,13 +113,8 @@ def compare(a: list[float], b: list[float], alpha: float = ALPHA) -> Comparison:
     diff = sb.mean - sa.mean
     if sa.n < 2 or sb.n < 2:
         return Comparison(diff, math.nan, "n/a")
-    se, df, t = welch([sa, sb])
-    if se == 0:  # identical repeats: the t statistic is undefined
-        return _marked(diff, 1.0 if diff == 0 else 0.0, diff, diff, alpha)
-    from scipy import stats
-
-    p = float(2 * stats.t.sf(abs(diff) / se, df))
-    return _marked(diff, p, diff - t * se, diff + t * se, alpha)
+    lo, hi, p = welch(diff, [sa, sb])
+    return _marked(diff, p, lo, hi, alpha)
 
 
 def paired(a: list[float], b: list[float], alpha: float = ALPHA) -> Comparison:
@@ -163,10 +159,4 @@ def difference_of_gains(a1, a0, b1, b0, level: float = LEVEL) -> Gains:
     diff = (cells[0].mean - cells[1].mean) - (cells[2].mean - cells[3].mean)
     if any(c.n < 2 for c in cells):
         return Gains(diff, math.nan, math.nan, math.nan)
-    se, df, t = welch(cells, level)
-    if se == 0:
-        return Gains(diff, diff, diff, 1.0 if diff == 0 else 0.0)
-    from scipy import stats
-
-    p = float(2 * stats.t.sf(abs(diff) / se, df))
-    return Gains(diff, diff - t * se, diff + t * se, p)
+    return Gains(diff, *welch(diff, cells, level))
