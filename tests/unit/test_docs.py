@@ -94,3 +94,22 @@ def test_gpu_page_starts_with_the_user_s_own_gpu():
     for needle in ("uv sync", "device=cuda", "train.amp=bf16", "Determinism"):
         assert needle in user, needle
     assert text.index("## On your own GPU") < text.index("GPU kit")
+
+
+def test_citation_and_licence_match_the_package():
+    """CITATION.cff (how to cite the software and the papers it runs) and LICENSE agree with
+    pyproject.toml: a version bump or a licence change that leaves either behind fails."""
+    import yaml
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    cff = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert cff["cff-version"] == "1.2.0"
+    for key in ("message", "title", "authors", "version", "license", "references"):
+        assert cff.get(key), f"CITATION.cff: {key} missing"
+    assert cff["version"] == project["version"]
+    assert cff["license"] == project["license"]["text"]
+    for ref in cff["references"]:
+        assert ref.get("type") and ref.get("title") and ref.get("authors"), ref
+    licence = (REPO / "LICENSE").read_text()
+    assert licence.startswith(f"{project['license']['text']} License")
