@@ -129,11 +129,7 @@ def generated(readme: Path) -> frozenset[str]:
         lines = (
             make_table.markdown_table(table, found, setting)
             + make_table.tuning_lines(table, found, setting)
-            + make_table.check_lines(table, found, setting)  # a setting's scaling check
-            + make_table.compare_lines(table, args, found, setting)  # against other settings
-            + make_table.gains_lines(table, args, found, setting)  # a rule on gains
-            + make_table.decision_lines(table, found, setting)  # a decision rule
-            + make_table.ema_lines(table, found, setting)  # averaged vs raw weights
+            + make_table.run_sections(table, args, found)  # rules, checks, EMA, curves
         )
         return frozenset(lines)
     if rel[0] == "results" and len(rel) == 3 and rel[1] in studies.STUDIES:

@@ -42,8 +42,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from dpsub.errors import ConfigError
-from dpsub.experiments import stats, studies, tables
+from dpsub.experiments import curves, stats, studies, tables
 from dpsub.experiments.commands import how_to_run
+from dpsub.experiments.curves import eval_curve, split_of
 from dpsub.paths import project_root
 from dpsub.privacy.simulate import NOT_A_GUARANTEE
 from dpsub.rundir import CHECKPOINT, NOT_RECORDED, SUMMARY, RunDir, provenance
@@ -307,12 +308,6 @@ def verdict_lines(table, found, setting: str) -> list[str]:
     return [head, "", *out, ""] if out else []
 
 
-def eval_curve(job: tables.Job, split: str, metric: str = "accuracy") -> dict[int, float]:
-    """step -> the ``<split>/<metric>`` of each evaluation in a run's metrics.jsonl."""
-    key = f"{split}/{metric}"
-    return {int(m["step"]): m[key] for m in RunDir(job.dir).metrics() if key in m}
-
-
 def check_lines(table, found, setting: str) -> list[str]:
     """The setting's scaling check (``check: {axis, reference, steps, n}``), as its note
     states it: per row, accepted when at every step the reference run's accuracy p lies in
@@ -321,7 +316,7 @@ def check_lines(table, found, setting: str) -> list[str]:
     if not chk:
         return []
     axis, ref = chk["axis"], chk["reference"]
-    split = "validation" if "validation" in table.metric_of(setting) else "test"
+    split = split_of(table, setting)
     out = [f"**Scaling check** ({split} accuracy, %, at steps {chk['steps']}; {axis} = "
            f"{table.label(axis, ref)} against the others' seeds, widened by sqrt(p (1 - p) / "
            f"{chk['n']})):", "", "| cell | step | reference p | others (seeds) | interval | inside |",
@@ -355,8 +350,7 @@ def raw_final(job: tables.Job, split: str) -> float | None:
 def ema_lines(table, found, setting: str) -> list[str]:
     """Parameter averaging, where the runs also scored their raw weights: per cell, the
     averaged weights' final accuracy against the raw weights' of the same runs (paired)."""
-    split = "validation" if "validation" in table.metric_of(setting) else "test"
-    out = []
+    split, out = split_of(table, setting), []
     for variant in ("paper", "tuned"):
         for cell in table.cells(setting):
             jobs = found[variant].get(tables.cell_id(cell), [])
@@ -893,7 +887,9 @@ def render(table, args) -> Path:
     rec = recorded(dest, args)
     proj = {} if args.no_projection else projections(table, found, args, not args.dry_run)
     if args.dry_run:
-        figs = figures(table, args.setting, proj, dest)
+        figs = figures(table, args.setting, proj, dest) + curves.figure(
+            table, found, args.setting, dest
+        )
         kept = (dest / PROVENANCE).is_file() and not args.restamp
         dry_run(dest, rec, readme(table, args, found, rec, figs, proj), figs, found, kept)
         return dest
@@ -901,8 +897,23 @@ def render(table, args) -> Path:
     copy_runs(found, dest)
     (dest / PROVENANCE).write_text(json.dumps(rec, indent=1) + "\n")
     figs = plot_metric(table, found, args.setting, proj, dest)
+    figs += curves.plot(table, found, args.setting, dest)
     (dest / "README.md").write_text(readme(table, args, found, rec, figs, proj))
     return dest
+
+
+def run_sections(table, args, found) -> list[str]:
+    """The sections under the table computed from the runs, in the README's order (the
+    results-tracing test checks every number of these against a re-render)."""
+    s = args.setting
+    return (
+        check_lines(table, found, s)  # a setting's scaling check
+        + compare_lines(table, args, found, s)  # against other settings
+        + gains_lines(table, args, found, s)  # a rule on gains
+        + decision_lines(table, found, s)  # a decision rule
+        + ema_lines(table, found, s)  # averaged vs raw weights
+        + curves.curve_lines(table, found, s)  # every evaluation, against the baseline
+    )
 
 
 def readme(table, args, found, rec: dict, figs: list[Path], proj: dict) -> str:
@@ -915,11 +926,7 @@ def readme(table, args, found, rec: dict, figs: list[Path], proj: dict) -> str:
         + [""]
         + tuned_note(found)
         + verdict_lines(table, found, args.setting)
-        + check_lines(table, found, args.setting)
-        + compare_lines(table, args, found, args.setting)
-        + gains_lines(table, args, found, args.setting)
-        + decision_lines(table, found, args.setting)
-        + ema_lines(table, found, args.setting)
+        + run_sections(table, args, found)
     )
     lines += [f"![{f.stem}]({f.name})" for f in figs] + [""]
     if proj:

@@ -96,6 +96,9 @@ class Setting:
     #: below, max_seeds} (make_table.py, "Decision rule"): row - against >= holds with Welch
     #: p < 0.05 -> ``above``; <= 0 -> ``below``; else add seeds up to max_seeds, then unresolved
     decision: dict | None = None
+    #: learning curves rendered under the table: every evaluation of the runs, per row, and
+    #: each row against the baseline at the same step (make_table.py, "Learning curves")
+    curves: bool = False
 
 
 @dataclass
@@ -305,7 +308,7 @@ def _parse(path: Path, raw: dict) -> Table:
 
 
 SETTING_KEYS = {"note", "overrides", "axes", "seeds", "axis_overrides", "tune", "simulated",
-                "metric", "labels", "check", "compare", "gains", "decision"}  # fmt: skip
+                "metric", "labels", "check", "compare", "gains", "decision", "curves"}  # fmt: skip
 
 
 def _parse_setting(path: Path, name: str, s: dict, axes: dict, labels: dict) -> Setting:
@@ -322,6 +325,8 @@ def _parse_setting(path: Path, name: str, s: dict, axes: dict, labels: dict) -> 
     if bad:
         raise ConfigError(f"{key}.{sorted(bad)[0]}: unknown key")
     _check_simulated(path, name, s)
+    if not isinstance(s.get("curves", False), bool):
+        raise ConfigError(f"{key}.curves: true or false")
     _check_check(key, s.get("check"), {**axes, **s.get("axes", {})})
     for axis, names in (s.get("labels") or {}).items():
         for value, label in names.items():
@@ -332,7 +337,7 @@ def _parse_setting(path: Path, name: str, s: dict, axes: dict, labels: dict) -> 
         name, s.get("note", ""), s.get("overrides", []), s.get("axes", {}), s.get("seeds"),
         s.get("axis_overrides", {}), _parse_tune(path, f"settings.{name}.tune", s.get("tune")),
         bool(s.get("simulated", False)), s.get("metric"), s.get("check"),
-        list(s.get("compare") or []), s.get("gains"), s.get("decision"),
+        list(s.get("compare") or []), s.get("gains"), s.get("decision"), s.get("curves", False),
     )  # fmt: skip
 
 
