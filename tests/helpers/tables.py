@@ -23,6 +23,10 @@ def load_script(name: str):
     return importlib.import_module(f"dpsub.experiments.{SCRIPT_MODULES.get(name, name)}")
 
 
+#: a summary's ``simulated`` entry (privacy.simulate) for fake runs of the tables' tests
+SIMULATED = {"batch_size": 1000, "noise_multiplier_ref": 2.297, "epsilon_ref": 2.0,
+             "delta_ref": 1e-5, "dataset_size_ref": 50000, "run_batch_size": 64}  # fmt: skip
+
 TINY = """\
 title: Tiny table
 source: a test

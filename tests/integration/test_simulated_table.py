@@ -12,10 +12,7 @@ import pytest
 from dpsub.errors import ConfigError
 from dpsub.experiments import stats, tables
 
-from helpers.tables import TINY, load_script
-
-SIMULATED = {"batch_size": 1000, "noise_multiplier_ref": 2.297, "epsilon_ref": 2.0,
-             "delta_ref": 1e-5, "dataset_size_ref": 50000, "run_batch_size": 64}  # fmt: skip
+from helpers.tables import SIMULATED, TINY, load_script
 
 
 def rendered(tmp_path, text: str, gep: str):

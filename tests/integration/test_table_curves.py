@@ -12,7 +12,7 @@ import pytest
 from dpsub.errors import ConfigError
 from dpsub.experiments import stats, tables
 
-from helpers.tables import load_script
+from helpers.tables import SIMULATED, load_script
 
 SPEC = """\
 title: Curves
@@ -25,6 +25,7 @@ paper: []
 settings:
   long: {curves: true}
   plain: {}
+  sim: {curves: true, simulated: true}
 """
 #: (mechanism) -> per seed, the test accuracy at steps 5 and 10 (GEP's raw weights too)
 CURVES = {"dpsgd": [(0.20, 0.40), (0.22, 0.42), (0.21, 0.41)],
@@ -42,7 +43,8 @@ def runs(tmp_path, setting: str):
             d = tables.setting_dir(tmp_path, table, setting, []) / "paper"
             d = d / f"mechanism={mech},epsilon=2,seed={seed}"
             d.mkdir(parents=True)
-            (d / "summary.json").write_text(json.dumps({"test_accuracy": a10}))
+            sim = {"simulated": SIMULATED} if setting == "sim" and mech == "gep" else {}
+            (d / "summary.json").write_text(json.dumps({"test_accuracy": a10, **sim}))
             raw = {"test/raw_accuracy": a10 - 0.1 - seed / 100} if mech == "gep" else {}
             rows = [{"step": 1, "lr": 0.1}, {"step": 5, "test/accuracy": a5},
                     {"step": 10, "test/accuracy": a10, **raw}]  # fmt: skip
@@ -89,3 +91,15 @@ def test_curves_must_be_a_boolean(tmp_path):
     spec.write_text(SPEC.replace("curves: true", "curves: yes please"))
     with pytest.raises(ConfigError, match=r"settings\.long\.curves: true or false"):
         tables.load_table(spec)
+
+
+def test_a_simulated_row_and_its_comparison_carry_the_mark(tmp_path):
+    """A simulated noise level is not a privacy guarantee: its curve rows say so."""
+    make_table, table, found = runs(tmp_path, "sim")
+    from dpsub.experiments import curves
+
+    text = "\n".join(curves.curve_lines(table, found, "sim"))
+    assert "| gep, 2 (paper) (simulated) | " in text
+    assert "| gep, 2 (paper), raw weights (simulated) | " in text
+    assert "| *gep, 2 (paper) (simulated) − dpsgd* | " in text
+    assert "| dpsgd, 2 (paper) | " in text  # the real row stays unmarked

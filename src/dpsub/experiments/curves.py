@@ -53,9 +53,11 @@ def rows(table, found, setting: str) -> list[tuple[str, dict, str, dict[int, lis
     return out
 
 
-def label(table, setting: str, variant: str, cell: dict, metric: str = "accuracy") -> str:
+def label(table, found, setting: str, variant: str, cell: dict, metric: str = "accuracy") -> str:
+    """The row's name: its axes' labels, the variant, the raw weights and the simulated mark."""
     text = ", ".join(table.label(a, cell[a]) for a in table.axes_of(setting))
-    return f"{text} ({variant})" + (", raw weights" if metric == "raw_accuracy" else "")
+    raw = ", raw weights" if metric == "raw_accuracy" else ""
+    return f"{text} ({variant}){raw}{tables.sim_mark(found, variant, cell)}"
 
 
 def against_baseline(table, found, setting: str, found_rows) -> list[list[str]]:
@@ -67,9 +69,11 @@ def against_baseline(table, found, setting: str, found_rows) -> list[list[str]]:
     for variant, cell, metric, curve in found_rows:
         if metric != "accuracy" or cell.get(axis) in (None, ref):
             continue
-        base = by_key.get((variant, tables.cell_id({**cell, axis: ref}), metric))
+        ref_cell = {**cell, axis: ref}
+        base = by_key.get((variant, tables.cell_id(ref_cell), metric))
         if base:
-            name = f"*{label(table, setting, variant, cell)} − {table.label(axis, ref)}*"
+            ref_name = table.label(axis, ref) + tables.sim_mark(found, variant, ref_cell)
+            name = f"*{label(table, found, setting, variant, cell)} − {ref_name}*"
             out.append([name, *[(s, stats.compare(base[s], curve[s])) for s in curve if s in base]])
     return out
 
@@ -94,7 +98,7 @@ def curve_lines(table, found, setting: str) -> list[str]:
     for variant, cell, metric, curve in found_rows:
         texts = [stats.summarize(curve[s]).text() if s in curve else "–" for s in steps]
         body.append(
-            f"| {label(table, setting, variant, cell, metric)} | " + " | ".join(texts) + " |"
+            f"| {label(table, found, setting, variant, cell, metric)} | " + " | ".join(texts) + " |"
         )
     for name, *cmp in against_baseline(table, found, setting, found_rows):
         at = dict(cmp)
@@ -127,7 +131,7 @@ def plot(table, found, setting: str, out: Path) -> list[Path]:
         ax.errorbar(list(curve), [s.mean for s in summary], [s.std for s in summary],
                     fmt="s--" if raw else "o-", color=color,
                     alpha=0.5 if raw else 1.0, capsize=3,
-                    label=label(table, setting, variant, cell, metric))  # fmt: skip
+                    label=label(table, found, setting, variant, cell, metric))  # fmt: skip
     ax.set_xlabel("step")
     ax.set_ylabel(f"{split_of(table, setting)} accuracy (%)")
     ax.set_title("\n".join(textwrap.wrap(table.title, 90)), fontsize=8)

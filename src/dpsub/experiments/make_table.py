@@ -98,7 +98,7 @@ def collect(table: tables.Table, args) -> dict[str, dict[str, list[tables.Job]]]
     return out
 
 
-SIM_MARK = " (simulated)"
+SIM_MARK = tables.SIM_MARK
 
 
 def simulation_marks(table: tables.Table, found, setting: str) -> dict[str, list[tuple]]:
@@ -152,10 +152,6 @@ def simulation_note(marks: dict[str, list[tuple]]) -> list[str]:
 def span(values: list[float]) -> str:
     lo, hi = f"{min(values):.3g}", f"{max(values):.3g}"
     return lo if lo == hi else f"{lo}-{hi}"
-
-
-def is_simulated(found, variant: str, cell: dict) -> bool:
-    return f"{variant}/{tables.cell_id(cell)}" in found.get("simulated", {})
 
 
 def metric_values(table: tables.Table, jobs: list[tables.Job]) -> list[float]:
@@ -259,7 +255,7 @@ def cell_text(table, found, variant, cell) -> list[str]:
         base = cell_values(table, found, variant, {**cell, axis: ref})
         if base:
             vs = stats.compare(base, vals).text()
-    return [s.text() + (SIM_MARK if is_simulated(found, variant, cell) else ""), ptxt, diff, vs]
+    return [s.text() + tables.sim_mark(found, variant, cell), ptxt, diff, vs]
 
 
 def markdown_table(table, found, setting: str) -> list[str]:
@@ -536,7 +532,7 @@ def verdict(table, found, variant: str, cell: dict, base: str, setting: str) -> 
         a for a in [col_axis(table)] if a == axis
     ]  # baseline: a column
     row = ", ".join(table.label(a, cell[a]) for a in axes)
-    row += SIM_MARK if is_simulated(found, variant, cell) else ""
+    row += tables.sim_mark(found, variant, cell)
     paper = paper_difference(table, cell)
     tail = "" if paper is None else f"; paper {paper:+.1f}"
     if not c.significant:

@@ -449,6 +449,13 @@ MUTANTS = (
         ("tests/integration/test_simulated_table.py", "-k", "copy_only"),
     ),
     Mutant(
+        "curves-simulated-row-unmarked",
+        "src/dpsub/experiments/curves.py",
+        '    return f"{text} ({variant}){raw}{tables.sim_mark(found, variant, cell)}"',
+        '    return f"{text} ({variant}){raw}"',
+        ("tests/integration/test_table_curves.py", "-k", "simulated"),
+    ),
+    Mutant(
         "decision-rule-without-its-test",
         "src/dpsub/experiments/make_table.py",
         '    if c.diff >= d["holds"] and c.p < stats.ALPHA:',

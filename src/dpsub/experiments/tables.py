@@ -502,6 +502,14 @@ def cell_id(cell: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in cell.items())
 
 
+SIM_MARK = " (simulated)"  # beside every number from runs that drew a simulated noise level
+
+
+def sim_mark(found: dict, variant: str, cell: dict) -> str:
+    """SIM_MARK for a cell whose runs make_table marked simulated (``found["simulated"]``)."""
+    return SIM_MARK if f"{variant}/{cell_id(cell)}" in found.get("simulated", {}) else ""
+
+
 def setting_dir(root: Path, table: Table, setting: str, extra: list[str]) -> Path:
     """``<root>/<table>/<setting>``; overrides that change a run are appended to the name."""
     name = setting + "".join(f"+{o}" for o in sorted(extra))
