@@ -30,9 +30,18 @@ def split_of(table, setting: str) -> str:
     return "validation" if "validation" in table.metric_of(setting) else "test"
 
 
-def seed_curves(jobs: list[tables.Job], split: str, metric: str) -> dict[int, list[float]]:
+METRICS = ("accuracy", "raw_accuracy")  # the averaged (or only) weights, then the raw ones
+
+
+def run_curves(job: tables.Job, split: str) -> dict[str, dict[int, float]]:
+    """metric -> step -> value of each of a run's evaluations (its metrics.jsonl read once)."""
+    records = RunDir(job.dir).metrics()
+    keys = {m: f"{split}/{m}" for m in METRICS}
+    return {m: {int(r["step"]): r[k] for r in records if k in r} for m, k in keys.items()}
+
+
+def seed_curves(curves: list[dict[int, float]]) -> dict[int, list[float]]:
     """step -> each run's value there, in %, at the steps every run evaluated."""
-    curves = [eval_curve(j, split, metric) for j in jobs if RunDir(j.dir).metrics_path.is_file()]
     if not curves or not all(curves):
         return {}
     steps = sorted(set.intersection(*(set(c) for c in curves)))
@@ -46,8 +55,9 @@ def rows(table, found, setting: str) -> list[tuple[str, dict, str, dict[int, lis
     for variant in ("paper", "tuned"):
         for cell in table.cells(setting):
             jobs = found[variant].get(tables.cell_id(cell), [])
-            for metric in ("accuracy", "raw_accuracy"):
-                curve = seed_curves(jobs, split, metric) if jobs else {}
+            runs = [run_curves(j, split) for j in jobs if RunDir(j.dir).metrics_path.is_file()]
+            for metric in METRICS:
+                curve = seed_curves([r[metric] for r in runs])
                 if curve:
                     out.append((variant, cell, metric, curve))
     return out
@@ -115,7 +125,8 @@ def figure(table, found, setting: str, out: Path) -> list[Path]:
 
 def plot(table, found, setting: str, out: Path) -> list[Path]:
     """curves.png: each row's mean ± std against the step (raw weights dashed)."""
-    if not figure(table, found, setting, out):
+    found_rows = rows(table, found, setting) if table.setting(setting).curves else []
+    if not found_rows:
         return []
     import matplotlib
 
@@ -124,7 +135,7 @@ def plot(table, found, setting: str, out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     colors: dict[tuple, str] = {}
-    for variant, cell, metric, curve in rows(table, found, setting):
+    for variant, cell, metric, curve in found_rows:
         color = colors.setdefault((variant, tables.cell_id(cell)), f"C{len(colors)}")
         summary = [stats.summarize(v) for v in curve.values()]
         raw = metric == "raw_accuracy"

@@ -98,9 +98,6 @@ def collect(table: tables.Table, args) -> dict[str, dict[str, list[tables.Job]]]
     return out
 
 
-SIM_MARK = tables.SIM_MARK
-
-
 def simulation_marks(table: tables.Table, found, setting: str) -> dict[str, list[tuple]]:
     """variant/cell id -> (reference, own epsilon) of each run, for the cells whose runs
     draw a simulated noise level (privacy.simulate: not a privacy guarantee). ConfigError
@@ -137,7 +134,7 @@ def simulation_note(marks: dict[str, list[tuple]]) -> list[str]:
                    sim["epsilon_ref"], sim["delta_ref"], sim["dataset_size_ref"])  # fmt: skip
             refs.setdefault(key, []).append(own)
     lines = [f"> **{NOT_A_GUARANTEE[0].upper()}{NOT_A_GUARANTEE[1:]}.** Cells marked "
-             f"*{SIM_MARK.strip()}* come from runs that drew the noise of a larger reference "
+             f"*{tables.SIM_MARK.strip()}* come from runs that drew the noise of a larger reference "
              "batch on their mean gradient (privacy.simulate); the reference's epsilon only "
              "names that noise level and covers none of them:"]  # fmt: skip
     for (b, b_ref, z_ref, eps_ref, delta, n_ref), own in refs.items():
