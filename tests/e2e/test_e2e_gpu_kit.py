@@ -32,8 +32,10 @@ def test_tiny_kit_tunes_then_runs_the_picks_two_at_once(tmp_path, monkeypatch):
                        steps=("check", "cells"), campaigns=("rgp-head",), parallel=2,
                        cell_overrides=("grads.microbatch=8",))  # fmt: skip
     assert kit.run_kit(opts) == 0
-    ran = json.loads((out / "gpu_run.json").read_text())["steps"]["cells"]["ran"]
+    record = json.loads((out / "gpu_run.json").read_text())["steps"]["cells"]
+    ran = record["ran"]
     assert [r["status"] for r in ran] == ["finished"] * 4, ran
+    assert "samples" in record["gpu_load"]  # (no nvidia-smi here: says so)
     assert [("lr=" in r["cell"], "seed=0" in r["cell"]) for r in ran] == [(True, False)] * 2 + [
         (False, True)
     ] * 2  # the grid first, then its picks in the same command

@@ -65,15 +65,20 @@ def test_carry_list_fits_64_mib(tmp_path):
     assert ignored.returncode == 0, ".gpu/ must be git-ignored, or the staging travels twice"
 
 
-def test_slim_sets_aside_committed_results_and_harvest_brings_them_back(tmp_path):
-    git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
+def committed_results(root: Path) -> None:
+    """A git repository with two kept and two set-aside results folders, 700 bytes a file."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=root, check=True, capture_output=True)  # noqa: E731
     for f in ("results/tables/gep1-cifar10/summary.json", "results/tables/gep-a3-cifar10/b.json",
               "results/pdpsgd/a.json", "src/x.py"):  # fmt: skip
-        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / f).write_text("x" * 700)
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        (root / f).write_text("x" * 700)
     git("init", "-q")
     git("add", ".")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+
+
+def test_slim_sets_aside_committed_results_and_harvest_brings_them_back(tmp_path):
+    committed_results(tmp_path)
     full = stage.carry_bytes(tmp_path, carried=())
     assert full == 4 * (512 + 1024)  # a tar: a header and the content padded to 512
     assert stage.carry_bytes(tmp_path, carried=(), slimmed=True) == 2 * (512 + 1024)
@@ -85,9 +90,33 @@ def test_slim_sets_aside_committed_results_and_harvest_brings_them_back(tmp_path
     assert stage.carry_bytes(tmp_path, carried=()) == 2 * (512 + 1024)
     assert stage.unslim(tmp_path) == aside
     assert (tmp_path / "results/pdpsgd/a.json").read_text() == "x" * 700
+    # a harvested record, not yet committed, stays: the next command can follow at once
+    (tmp_path / "results/pdpsgd/new").mkdir()
+    (tmp_path / "results/pdpsgd/new/record.json").write_text("r")
+    assert stage.slim(tmp_path) == aside
+    assert not (tmp_path / "results/pdpsgd/a.json").exists()
+    assert (tmp_path / "results/pdpsgd/new/record.json").read_text() == "r"
+    assert stage.carry_bytes(tmp_path, carried=()) == 2 * (512 + 1024) + 2 * 512
+    assert stage.unslim(tmp_path) == aside
     (tmp_path / "results/pdpsgd/a.json").write_text("changed")
     with pytest.raises(stage.StageError, match="uncommitted"):
         stage.slim(tmp_path)
+
+
+def test_harvest_then_slim_in_one_command(tmp_path):
+    """``--harvest DIR --slim``: the record lands (untracked), then the tree is slim again."""
+    root, out = tmp_path / "repo", tmp_path / "out"
+    root.mkdir()
+    committed_results(root)
+    stage.slim(root)
+    out.mkdir()
+    (out / "gpu_run.json").write_text(json.dumps({"started": "2026-11-28T06:35", "device": "H"}))
+    (out / "gpu_run.log").write_text("log")
+    r = gpu_run("--harvest", str(out), "--slim", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    assert "set aside: results/pdpsgd" in r.stdout and "would travel" in r.stdout
+    assert not (root / "results/pdpsgd/a.json").exists()
+    assert (root / "results/gpu/2026-11-28T0635-h/gpu_run.log").read_text() == "log"
 
 
 def fake_jpegs(n: int, rng) -> tuple[np.ndarray, np.ndarray]:

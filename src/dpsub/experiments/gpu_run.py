@@ -7,6 +7,7 @@ Here (the development machine)::
     python scripts/gpu_run.py --slim               # set aside results/ folders a GPU call never reads
     python scripts/gpu_run.py --tiny --out /tmp/o  # every step on the CPU at toy sizes
     python scripts/gpu_run.py --harvest DIR        # unpack a GPU command's $OUT into results/ (and unslim)
+    python scripts/gpu_run.py --harvest DIR --slim # the same, then slim again for the next command
 
 On the GPU machine (the checkout sent with ``.gpu`` carried)::
 
@@ -73,6 +74,16 @@ def main(argv: list[str] | None = None) -> int:
         if a.stage:
             for s in stage.stage(a.root, a.shared):
                 print(f"staged {s.path.relative_to(a.root)} ({s.bytes / stage.MiB:.1f} MiB)")
+        if a.harvest:
+            from dpsub.experiments.gpu.harvest import harvest
+
+            back = stage.unslim(a.root)
+            if back:
+                print(f"brought back: {', '.join(back)}")
+            for line in harvest(a.harvest, a.root):
+                print(line)
+            if not a.slim:
+                return 0
         if a.slim or a.unslim:
             moved = stage.slim(a.root) if a.slim else stage.unslim(a.root)
             print(("set aside: " if a.slim else "brought back: ") + (", ".join(moved) or "nothing"))
@@ -86,15 +97,6 @@ def main(argv: list[str] | None = None) -> int:
                       "--harvest brings the folders back)")  # fmt: skip
             return 0 if total <= stage.CARRY_LIMIT else 1
         if a.unslim:
-            return 0
-        if a.harvest:
-            from dpsub.experiments.gpu.harvest import harvest
-
-            back = stage.unslim(a.root)
-            if back:
-                print(f"brought back: {', '.join(back)}")
-            for line in harvest(a.harvest, a.root):
-                print(line)
             return 0
         out = a.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
         if out is None:

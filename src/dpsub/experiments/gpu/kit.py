@@ -309,6 +309,7 @@ def gep_authors(kit: Kit, d: Path, end: float) -> str:
 # ----------------------------------------------------------------- d. cells
 def step_cells(kit: Kit, bound: float) -> dict:
     from dpsub.experiments.gpu.cells import DEFAULT_ORDER, CellRunner, queue
+    from dpsub.experiments.gpu.load import GpuLoad
 
     ensure_packages(kit)
     if kit.data_root is None and not kit.opts.tiny:
@@ -331,12 +332,14 @@ def step_cells(kit: Kit, bound: float) -> dict:
         runner.interrupt_at_checkpoint = kit.opts.interrupt_cells
     elif ms:  # a checkpoint every ~3 minutes at the measured speed of the slowest mechanism
         runner.checkpoint_every = max(10, int(180_000 / max(ms.values())))
-    done = runner.run(plan)
+    with GpuLoad() as load:  # is --parallel too low (an idle card) or too high (its memory)?
+        done = runner.run(plan)
+    kit.log(f"cells: {load.line()}")
     jobs = plan()
     left = [j.name for j in jobs if not j.finished]
     kit.log(f"cells: {len(jobs) - len(left)} of {len(jobs)} finished; ran {done}")
     ok = all(r["status"] != "failed" for r in done)
-    return {"ran": done, "unfinished": len(left), "ok": ok}
+    return {"ran": done, "unfinished": len(left), "ok": ok, "gpu_load": load.summary()}
 
 
 STEP_FNS = {"check": step_check, "smoke": step_smoke, "bench": step_bench, "cells": step_cells}

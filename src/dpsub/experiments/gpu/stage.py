@@ -106,26 +106,37 @@ def slim(root: Path) -> list[str]:
     """Set aside (delete from the working tree) the tracked folders of ``results/`` that a GPU
     command never reads (:func:`set_aside`; the campaigns' tables stay: their finished cells
     are skipped). They are committed, so :func:`unslim` (``git checkout``) brings them back.
-    Refuses a folder with uncommitted changes. Returns the folders removed."""
+    Untracked files in them stay (a harvested command's record, not yet committed, so a next
+    command can follow at once); a changed tracked file is refused. Returns the folders."""
     removed = []
     for d in set_aside(root):
         rel = str(d.relative_to(root))
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", rel], cwd=root,
-                               capture_output=True, text=True, check=True).stdout  # fmt: skip
-        if dirty.strip():
+        status = _git(root, "status", "--porcelain", "--", rel).splitlines()
+        if any(not line.startswith("??") for line in status):
             raise StageError(f"--slim: {rel} has uncommitted changes; commit them first")
-        tracked = subprocess.run(["git", "ls-files", "--", rel], cwd=root,
-                                 capture_output=True, text=True, check=True).stdout  # fmt: skip
-        if tracked.strip():
+        tracked = _git(root, "ls-files", "--", rel).splitlines()
+        if not tracked:
+            continue
+        if not status:
             shutil.rmtree(d)
-            removed.append(rel)
+        else:  # keep the untracked files: delete the tracked ones, then the emptied folders
+            for f in tracked:
+                (root / f).unlink(missing_ok=True)
+            for sub in sorted((p for p in d.rglob("*") if p.is_dir()), reverse=True):
+                if not any(sub.iterdir()):
+                    sub.rmdir()
+        removed.append(rel)
     return removed
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                          check=True).stdout  # fmt: skip
 
 
 def unslim(root: Path) -> list[str]:
     """Bring back the committed ``results/`` folders that :func:`slim` set aside."""
-    gone = subprocess.run(["git", "ls-files", "--deleted", "--", "results"], cwd=root,
-                          capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    gone = _git(root, "ls-files", "--deleted", "--", "results").split()
     if gone:
         subprocess.run(["git", "checkout", "--", *gone], cwd=root, check=True)
     return sorted({"/".join(g.split("/")[: 3 if g.startswith("results/tables/") else 2])
