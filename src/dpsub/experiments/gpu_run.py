@@ -14,7 +14,7 @@ On the GPU machine (the checkout sent with ``.gpu`` carried)::
     python3 scripts/gpu_run.py --out $OUT                   # check, smoke, bench, cells
     python3 scripts/gpu_run.py --out $OUT --steps check cells   # later commands: more cells
     python3 scripts/gpu_run.py --out $OUT --steps check cells --campaigns gep1-cifar10-cpu-long
-    python3 scripts/gpu_run.py --out $OUT --steps check cells --parallel 3   # 3 cells at once
+    python3 scripts/gpu_run.py --out $OUT --steps check cells --parallel 4   # 4 cells at once
 
 A missing set-up is one line on stderr and exit code 2; 1 when a step reported errors.
 """
@@ -47,8 +47,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--campaigns", nargs="+", default=None, choices=list(cells.CAMPAIGNS),
                    help="the campaigns of the cells step, in this order (default: all, "
                         f"{' '.join(cells.DEFAULT_ORDER)})")  # fmt: skip
-    p.add_argument("--parallel", type=int, default=1, metavar="N",
-                   help="cells trained at once on the GPU (default 1)")  # fmt: skip
+    p.add_argument("--parallel", type=int, default=None, metavar="N",
+                   help=f"cells trained at once on the GPU (default {kit.PARALLEL}; --tiny: 1)")  # fmt: skip
     p.add_argument("--cell-overrides", nargs="*", default=None, metavar="KEY=VALUE",
                    help="for the cells started here, beside their table's (default: "
                         f"{' '.join(kit.Options.cell_overrides)}; keys: "
@@ -101,14 +101,15 @@ def main(argv: list[str] | None = None) -> int:
         out = a.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
         if out is None:
             raise stage.StageError("--out: no output folder (pass --out DIR or set $OUT)")
+        parallel = a.parallel if a.parallel is not None else 1 if a.tiny else kit.PARALLEL
         opts = kit.Options(
             out=out, steps=tuple(a.steps), budget_s=a.budget, tiny=a.tiny, root=a.root,
             data_root=a.data_root, work=a.work, gep_authors=a.gep_authors,
             max_cells=a.max_cells, interrupt_cells=a.interrupt_cells,
-            campaigns=tuple(a.campaigns) if a.campaigns else None, parallel=a.parallel,
+            campaigns=tuple(a.campaigns) if a.campaigns else None, parallel=parallel,
         )  # fmt: skip
-        if a.parallel < 1:
-            raise stage.StageError(f"--parallel: must be >= 1, got {a.parallel}")
+        if parallel < 1:
+            raise stage.StageError(f"--parallel: must be >= 1, got {parallel}")
         if a.cell_overrides is not None:
             try:
                 opts.cell_overrides = tuple(cells.check_cell_overrides(a.cell_overrides))

@@ -89,7 +89,7 @@ class Options:
     campaigns: tuple[str, ...] | None = (
         None  # names in dpsub.experiments.gpu.cells.CAMPAIGNS (default: all)
     )
-    parallel: int = 1  # cells trained at once on the one GPU
+    parallel: int = 1  # cells trained at once on the one GPU (the CLI's default: PARALLEL)
     # beside each new cell's table overrides (cells.CELL_OVERRIDE_KEYS): one pass per batch
     cell_overrides: tuple[str, ...] = ("grads.microbatch=auto",)
 
@@ -341,6 +341,8 @@ def step_cells(kit: Kit, bound: float) -> dict:
     ok = all(r["status"] != "failed" for r in done)
     return {"ran": done, "unfinished": len(left), "ok": ok, "gpu_load": load.summary()}
 
+
+PARALLEL = 3  # gpu_run's default --parallel on a GPU (docs/gpu.md: measured 2026-11-28)
 
 STEP_FNS = {"check": step_check, "smoke": step_smoke, "bench": step_bench, "cells": step_cells}
 
