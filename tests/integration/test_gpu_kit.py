@@ -176,6 +176,31 @@ def test_queue_priority_seed0_eps8_gp_first(tmp_path):
     assert all("paper/paper" in str(j.dir) for j in jobs)
 
 
+def test_a_finished_grid_s_picks_come_before_the_tuning_still_to_run(tmp_path, monkeypatch):
+    """GP's grid done, GEP's not: GP's picks first (its arm ends; GEP's tuning waits)."""
+    from types import SimpleNamespace
+
+    from dpsub.experiments import tables
+
+    def job(mech, variant, seed=0, lr=0.1):
+        cell = {"mechanism": mech, "epsilon": 2}
+        return SimpleNamespace(
+            cell=cell, variant=variant, seed=seed, name=f"{mech}-{variant}-{seed}-{lr}"
+        )
+
+    grid = [job("gep", "tune", lr=0.1), job("dpsgd", "tune", lr=0.5), job("gep", "tune", lr=0.2)]
+    picks = [job("dpsgd", "tuned", seed=s) for s in (1, 0)]
+    monkeypatch.setattr(
+        tables, "plan_jobs", lambda t, s, o, v, **kw: grid if v == "tune" else picks
+    )
+    monkeypatch.setattr(tables, "pick_best", lambda t, jobs: {})
+    names = [
+        j.name for j in cells.campaign_jobs(cells.CAMPAIGNS["gep1-cifar10-sim-eps2"], tmp_path)
+    ]
+    assert names == ["dpsgd-tuned-0-0.1", "dpsgd-tuned-1-0.1", "dpsgd-tune-0-0.5",
+                     "gep-tune-0-0.1", "gep-tune-0-0.2"]  # fmt: skip
+
+
 def test_harvest_ignores_unsafe_tar_members(tmp_path):
     out, root = tmp_path / "out", tmp_path / "root"
     out.mkdir()

@@ -133,7 +133,8 @@ def tiny_setting(table, setting: str):
 
 def campaign_jobs(c: Campaign, root: Path, tiny: bool = False, passthrough=()) -> list:
     """The campaign's jobs in priority order (finished ones included): the paper variant,
-    or the tuning grid then the tuned picks known so far."""
+    or the tuned picks known so far (a cell's pick exists once its whole grid is done) then
+    the tuning grid, so a mechanism's arm is finished before more of another's is tuned."""
     from dpsub.experiments import tables
 
     table, setting = tables.load_table(c.table), c.setting
@@ -145,7 +146,7 @@ def campaign_jobs(c: Campaign, root: Path, tiny: bool = False, passthrough=()) -
     tune = sorted(tables.plan_jobs(table, setting, out, "tune", **kw), key=priority)
     picks = {cid: p["overrides"] for cid, p in tables.pick_best(table, tune).items()}
     tuned = tables.plan_jobs(table, setting, out, "tuned", picks=picks, **kw)
-    return tune + sorted(tuned, key=priority)
+    return sorted(tuned, key=priority) + tune
 
 
 def queue(
