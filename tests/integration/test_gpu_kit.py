@@ -46,6 +46,11 @@ def test_bad_setup_is_one_line_and_exit_2(tmp_path):
         assert r.returncode == 2 and "no CUDA device" in r.stderr.strip().splitlines()[-1]
 
 
+def test_three_cells_at_once_on_a_gpu_one_in_the_cpu_tests():
+    assert kit.parallel_of(None, tiny=False) == kit.PARALLEL == 3
+    assert kit.parallel_of(None, tiny=True) == 1 and kit.parallel_of(5, tiny=True) == 5
+
+
 def test_every_step_fits_one_command():
     assert kit.BUDGET_S < stage.COMMAND_LIMIT_S
     assert all(b < stage.COMMAND_LIMIT_S for b in kit.BOUNDS.values())

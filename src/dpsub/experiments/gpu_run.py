@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         out = a.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
         if out is None:
             raise stage.StageError("--out: no output folder (pass --out DIR or set $OUT)")
-        parallel = a.parallel if a.parallel is not None else 1 if a.tiny else kit.PARALLEL
+        parallel = kit.parallel_of(a.parallel, a.tiny)
         opts = kit.Options(
             out=out, steps=tuple(a.steps), budget_s=a.budget, tiny=a.tiny, root=a.root,
             data_root=a.data_root, work=a.work, gep_authors=a.gep_authors,

@@ -344,6 +344,12 @@ def step_cells(kit: Kit, bound: float) -> dict:
 
 PARALLEL = 3  # gpu_run's default --parallel on a GPU (docs/gpu.md: measured 2026-11-28)
 
+
+def parallel_of(requested: int | None, tiny: bool) -> int:
+    """Cells at once: as asked, else 1 in ``--tiny`` (the CPU tests) and :data:`PARALLEL`."""
+    return requested if requested is not None else 1 if tiny else PARALLEL
+
+
 STEP_FNS = {"check": step_check, "smoke": step_smoke, "bench": step_bench, "cells": step_cells}
 
 
