@@ -37,7 +37,6 @@ USAGE = {
         *CHEAP,
         "train.batch_size=128",
     ),
-    "uv run dpsub-train -m hydra/launcher=local privacy.epsilon=2,5,8": CHEAP,
     "uv run dpsub-train grads.backend=ghost": CHEAP,
     "uv run dpsub-train privacy.rng=secure": CHEAP,
     "uv run torchrun --nproc_per_node 2 -m dpsub.cli.train dataset=mnist": CHEAP,
