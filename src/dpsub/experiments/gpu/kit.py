@@ -74,6 +74,14 @@ TINY_BENCHES = {
 }  # fmt: skip
 
 
+PARALLEL = 3  # gpu_run's default --parallel on a GPU (docs/gpu.md: measured 2026-11-28)
+
+
+def parallel_of(requested: int | None, tiny: bool) -> int:
+    """Cells at once: as asked, else 1 in ``--tiny`` (the CPU tests) and :data:`PARALLEL`."""
+    return requested if requested is not None else 1 if tiny else PARALLEL
+
+
 @dataclass
 class Options:
     out: Path
@@ -340,14 +348,6 @@ def step_cells(kit: Kit, bound: float) -> dict:
     kit.log(f"cells: {len(jobs) - len(left)} of {len(jobs)} finished; ran {done}")
     ok = all(r["status"] != "failed" for r in done)
     return {"ran": done, "unfinished": len(left), "ok": ok, "gpu_load": load.summary()}
-
-
-PARALLEL = 3  # gpu_run's default --parallel on a GPU (docs/gpu.md: measured 2026-11-28)
-
-
-def parallel_of(requested: int | None, tiny: bool) -> int:
-    """Cells at once: as asked, else 1 in ``--tiny`` (the CPU tests) and :data:`PARALLEL`."""
-    return requested if requested is not None else 1 if tiny else PARALLEL
 
 
 STEP_FNS = {"check": step_check, "smoke": step_smoke, "bench": step_bench, "cells": step_cells}

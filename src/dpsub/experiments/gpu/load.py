@@ -54,7 +54,7 @@ class GpuLoad:
         if not self.rows:
             return {"samples": 0, "unavailable": self.error or "no sample taken"}
         util = sorted(r[0] for r in self.rows)
-        q = statistics.quantiles(util, n=10, method="inclusive") if len(util) > 1 else util * 9
+        q = statistics.quantiles(util, n=10, method="inclusive") if len(util) > 1 else util
         return {"samples": len(util), "every_s": self.every_s,
                 "utilization_pct": {"median": statistics.median(util), "p10": q[0], "p90": q[-1]},
                 "memory_used_mib_max": max(r[1] for r in self.rows),
