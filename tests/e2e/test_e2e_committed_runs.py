@@ -1,5 +1,5 @@
 """Committed results reproduce: every committed training run's noise multiplier and epsilon
-exactly (from its saved config), and a seeded run's accuracy bit for bit (its first
+exactly (from its saved config), and a seeded run's accuracy (its first
 evaluation, re-trained)."""
 
 from __future__ import annotations
@@ -27,9 +27,14 @@ def test_every_committed_epsilon_reproduces_exactly():
     assert checked >= 100
 
 
-def test_a_committed_seeded_run_reproduces_bit_for_bit():
-    """DP-SGD on MNIST re-trained to its first evaluation (step 100): the same validation
-    accuracy and loss, to the last bit, and the same epsilon."""
+def test_a_committed_seeded_run_reproduces():
+    """DP-SGD on MNIST re-trained to its first evaluation (step 100): the same epsilon to the
+    last bit, and the same validation accuracy and loss up to float32 summation order.
+
+    Accuracy and loss are exact only on the machine, thread count and torch build that made
+    the run: BLAS kernels sum in an order that depends on the CPU's vector width and on the
+    threads (this run's loss at step 100 is 1.2947222 as committed, 1.2947037 on one AMD EPYC
+    thread, 1.2946916 on two), and neither the CPU nor the threads were recorded for it."""
     import torch
 
     run_dir = RunDir(CHEAP[0])
@@ -39,5 +44,6 @@ def test_a_committed_seeded_run_reproduces_bit_for_bit():
     while run.step < first["step"]:
         train_step(run)
     acc, loss = evaluate(run.model, run.data.test_x, run.data.test_y, 2048)
-    assert (acc, loss) == (first["validation/accuracy"], first["validation/loss"])
     assert run.ledger.epsilon() == first["epsilon"]
+    assert abs(acc - first["validation/accuracy"]) <= 0.002  # 20 of the 10,000 test images
+    assert abs(loss - first["validation/loss"]) <= 1e-4 * first["validation/loss"]
