@@ -377,11 +377,14 @@ def cpu_name() -> str:
 
 
 def hardware() -> str:
-    """CPU, cores, GPU and torch version in one line."""
+    """CPU, cores, torch's threads, GPU and torch version in one line (the threads too: a
+    CPU run's floating-point results depend on them, docs/usage.md)."""
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    return f"{cpu_name()}, {os.cpu_count()} cores; GPU: {gpu}; torch {torch.__version__}"
+    n = torch.get_num_threads()
+    cpu = f"{cpu_name()}, {os.cpu_count()} cores, {n} thread{'s' if n > 1 else ''}"
+    return f"{cpu}; GPU: {gpu}; torch {torch.__version__}"
 
 
 def provenance() -> dict:

@@ -45,6 +45,18 @@ def test_not_covered_statistics_names_each_unnoised_value():
     assert "held-out private training examples" in got["validation_accuracy"]
 
 
+def test_hardware_records_torch_s_thread_count():
+    """A CPU run's sums depend on the threads (docs/usage.md), so the record names them."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert ", 1 thread; GPU: " in runs.hardware()
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_hardware_comes_from_the_summary_else_the_log_else_the_device(tmp_path):
     """What a table's hardware line counts: a run's own record, never the renderer's."""
     run = runs.RunDir(tmp_path)
