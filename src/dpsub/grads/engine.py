@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -173,6 +174,11 @@ class VmapBackend:
         return _finished(acc, stats, clip, target, x.device)
 
 
+_INPUT_HOOK_WARNING = (
+    "Full backward hook is firing when gradients are computed with respect to module outputs"
+)
+
+
 class OpacusBackend(VmapBackend):
     """``grads.backend=opacus``: Opacus' ``GradSampleModule`` hooks (the model's parameters)."""
 
@@ -204,7 +210,10 @@ class OpacusBackend(VmapBackend):
             p.grad = None
         k, b = engine.views_of(x), x.shape[0]
         logits, losses = engine.view_losses(self._gsm, x, y, k)
-        losses.sum().backward()  # per view: its example's loss is the mean over its views
+        with warnings.catch_warnings():  # the input needs no gradient, so the first layer's
+            # hook sees no grad_input; Opacus reads only grad_output (harmless, said each run)
+            warnings.filterwarnings("ignore", _INPUT_HOOK_WARNING, UserWarning)
+            losses.sum().backward()  # per view: its example's loss is the mean over its views
         flat = torch.cat([p.grad_sample.reshape(b, k, -1).sum(1) for p in engine._params], dim=1)
         for p in engine._params:
             p.grad_sample = None
