@@ -171,6 +171,15 @@ def test_bad_arguments_name_themselves(kw, match):
         session(**kw)
 
 
+def test_a_dataloader_is_refused_with_what_to_pass_instead():
+    """Its batches are not Poisson's; the accounting assumes dpsub draws them."""
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*blobs()), batch_size=8)
+    model = nn.Linear(10, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"data=loader\.dataset"):
+        dpsub.make_private(model, opt, loader, batch_size=8, epsilon=2.0, steps=2)
+
+
 def test_averaging_needs_its_decay():
     _, _, private = session()
     with pytest.raises(ValueError, match="ema=<decay>"):

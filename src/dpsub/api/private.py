@@ -238,6 +238,11 @@ def _tensors(data: Data, device: torch.device) -> tuple[Tensor, Tensor]:
         pairs = [data[i] for i in range(len(data))]
         x = torch.stack([torch.as_tensor(p[0]) for p in pairs])
         y = torch.stack([torch.as_tensor(p[1]) for p in pairs])
+    elif isinstance(data, torch.utils.data.DataLoader):  # its batches are not Poisson's
+        raise ValueError(
+            "data: give the DataLoader's dataset (data=loader.dataset): dpsub draws its own "
+            "Poisson batches, which the accounting assumes"
+        )
     else:
         raise ValueError("data: give (x, y) tensors or a Dataset of (x, y) pairs")
     x, y = torch.as_tensor(x), torch.as_tensor(y)
