@@ -180,6 +180,31 @@ def test_a_dataloader_is_refused_with_what_to_pass_instead():
         dpsub.make_private(model, opt, loader, batch_size=8, epsilon=2.0, steps=2)
 
 
+class _Items(torch.utils.data.Dataset):
+    def __init__(self, item):
+        self.item = item
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return self.item
+
+
+@pytest.mark.parametrize(
+    ("item", "match"),
+    [
+        (torch.zeros(3), r"items must be \(x, y\) pairs; item 0 is a Tensor"),
+        (("an image file", 1), r"item 0 holds str, int; a torchvision dataset needs"),
+    ],
+)
+def test_a_dataset_of_other_items_is_refused_naming_what_it_holds(item, match):
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=match):
+        dpsub.make_private(model, opt, _Items(item), batch_size=2, epsilon=2.0, steps=2)
+
+
 def test_averaging_needs_its_decay():
     _, _, private = session()
     with pytest.raises(ValueError, match="ema=<decay>"):

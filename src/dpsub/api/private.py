@@ -231,13 +231,32 @@ def _device_of(model: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
+def _stacked(data: torch.utils.data.Dataset) -> tuple[Tensor, Tensor]:
+    """A map-style dataset's (x, y) pairs stacked into two tensors, or a ValueError naming
+    the first item that is not a tensor-like pair (e.g. a PIL image without a transform)."""
+    pairs = [data[i] for i in range(len(data))]
+    bad = next(
+        (i for i, p in enumerate(pairs) if not (isinstance(p, tuple | list) and len(p) == 2)), None
+    )
+    if bad is not None:
+        raise ValueError(
+            f"data: a Dataset's items must be (x, y) pairs; item {bad} is a {type(pairs[bad]).__name__}"
+        )
+    try:
+        return tuple(torch.stack([torch.as_tensor(p[j]) for p in pairs]) for j in (0, 1))
+    except (TypeError, RuntimeError, IndexError) as e:
+        got = ", ".join(type(v).__name__ for v in pairs[0]) if pairs else "nothing"
+        raise ValueError(
+            f"data: a Dataset's items must be (x, y) pairs of tensors or numbers of one shape "
+            f"(item 0 holds {got}; a torchvision dataset needs transform=ToTensor()): {e}"
+        ) from None
+
+
 def _tensors(data: Data, device: torch.device) -> tuple[Tensor, Tensor]:
     if isinstance(data, tuple) and len(data) == 2:
         x, y = data
     elif isinstance(data, torch.utils.data.Dataset):
-        pairs = [data[i] for i in range(len(data))]
-        x = torch.stack([torch.as_tensor(p[0]) for p in pairs])
-        y = torch.stack([torch.as_tensor(p[1]) for p in pairs])
+        x, y = _stacked(data)
     elif isinstance(data, torch.utils.data.DataLoader):  # its batches are not Poisson's
         raise ValueError(
             "data: give the DataLoader's dataset (data=loader.dataset): dpsub draws its own "
