@@ -205,6 +205,17 @@ def test_a_dataset_of_other_items_is_refused_naming_what_it_holds(item, match):
         dpsub.make_private(model, opt, _Items(item), batch_size=2, epsilon=2.0, steps=2)
 
 
+def test_float64_data_trains_a_float32_model():
+    """numpy's default dtype: x (and a regression target) take the model's dtype."""
+    x, y = blobs()
+    model = nn.Linear(10, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    private = dpsub.make_private(model, opt, (x.double().numpy(), y.numpy()), batch_size=30,
+                                 epsilon=2.0, steps=2)  # fmt: skip
+    private.step()
+    assert private.ledger.steps == 1 and model.weight.dtype == torch.float32
+
+
 def test_averaging_needs_its_decay():
     _, _, private = session()
     with pytest.raises(ValueError, match="ema=<decay>"):

@@ -85,7 +85,7 @@ def make_private(
     Raises ValueError naming the argument.
     """
     device = _device_of(model)
-    x, y = _tensors(data, device)
+    x, y = _tensors(data, device, _dtype_of(model))
     n = int(y.shape[0])
     total = _planned_steps(steps, epochs, batch_size, n)
     mech = build_mechanism(mechanism, **(options or {}))
@@ -252,7 +252,14 @@ def _stacked(data: torch.utils.data.Dataset) -> tuple[Tensor, Tensor]:
         ) from None
 
 
-def _tensors(data: Data, device: torch.device) -> tuple[Tensor, Tensor]:
+def _dtype_of(model: nn.Module) -> torch.dtype:
+    """The model's floating-point dtype (float32 unless the user converted it)."""
+    p = next((p for p in model.parameters() if p.is_floating_point()), None)
+    return p.dtype if p is not None else torch.get_default_dtype()
+
+
+def _tensors(data: Data, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Floating inputs in the model's dtype (numpy's float64 arrays train a float32 model)."""
     if isinstance(data, tuple) and len(data) == 2:
         x, y = data
     elif isinstance(data, torch.utils.data.Dataset):
@@ -270,7 +277,7 @@ def _tensors(data: Data, device: torch.device) -> tuple[Tensor, Tensor]:
                          f"{y.shape[0]}")  # fmt: skip
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
         raise ValueError("data: x holds NaN or inf")
-    return x.to(device), y.to(device)
+    return tuple(t.to(device, dtype) if t.is_floating_point() else t.to(device) for t in (x, y))
 
 
 def _planned_steps(steps, epochs, batch_size: int, n: int) -> int:
