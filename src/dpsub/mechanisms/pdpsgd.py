@@ -93,7 +93,8 @@ class RPDPSGD(Mechanism):
         basis = GroupedBasis.single(V)  # one group: the whole flat vector
         update = basis.project(noisy)  # post-processing of the release
         metrics.update(fit_metrics, projected=1.0)
-        metrics["kept_norm_fraction"] = float(update.norm() / noisy.norm().clamp_min(1e-30))
+        kept = update.detach().norm() / noisy.detach().norm().clamp_min(1e-30)
+        metrics["kept_norm_fraction"] = float(kept)
         private = {}
         every = o.diagnostics_every
         if ctx.diagnostics and every and ctx.step % every == 0:
