@@ -84,8 +84,8 @@ def make_private(
     :meth:`PrivateTraining.update_average`); evaluate with ``with private.averaged(): ...``.
     Raises ValueError naming the argument.
     """
-    device = _device_of(model)
-    x, y = _tensors(data, device, _dtype_of(model))
+    device, dtype = _placement(model)
+    x, y = _tensors(data, device, dtype)
     n = int(y.shape[0])
     total = _planned_steps(steps, epochs, batch_size, n)
     mech = build_mechanism(mechanism, **(options or {}))
@@ -226,9 +226,12 @@ class PrivateTraining:
 
 
 # ------------------------------------------------------------------ helpers
-def _device_of(model: nn.Module) -> torch.device:
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
+def _placement(model: nn.Module) -> tuple[torch.device, torch.dtype]:
+    """The model's device and floating-point dtype (float32 unless the user converted it)."""
+    p = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if p is None:
+        return torch.device("cpu"), torch.get_default_dtype()
+    return p.device, p.dtype
 
 
 def _stacked(data: torch.utils.data.Dataset) -> tuple[Tensor, Tensor]:
@@ -250,12 +253,6 @@ def _stacked(data: torch.utils.data.Dataset) -> tuple[Tensor, Tensor]:
             f"data: a Dataset's items must be (x, y) pairs of tensors or numbers of one shape "
             f"(item 0 holds {got}; a torchvision dataset needs transform=ToTensor()): {e}"
         ) from None
-
-
-def _dtype_of(model: nn.Module) -> torch.dtype:
-    """The model's floating-point dtype (float32 unless the user converted it)."""
-    p = next((p for p in model.parameters() if p.is_floating_point()), None)
-    return p.dtype if p is not None else torch.get_default_dtype()
 
 
 def _tensors(data: Data, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
