@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 import subprocess
 
@@ -575,3 +576,34 @@ def test_the_lanes_plan_lists_each_campaigns_jobs_and_what_is_left(tmp_path):
     assert "| 4 | 0 | 4 |" in row and "CPU" in row
     bare = script("lanes", "--campaigns", todo, cwd=tmp_path)
     assert bare.returncode == 2 and "--stop-at" in bare.stderr and bare.stderr.count("\n") == 1
+
+
+def test_finished_runs_much_slower_than_the_time_cache_win(tmp_path):
+    """A --time figure from older code priced the augmult study's GEP steps at 5.8 s while its
+    lanes' runs took 9.1 CPU-seconds a step: ``--fit`` must use the runs' (said once), and a
+    --time figure near the runs' (or with no runs) stays."""
+    said = []
+    key, other = "k", "o"
+    cached, recorded = {key: 5.8, other: 1.0}, {key: 9.1, other: 1.2}
+    assert costs.step_time(key, cached, recorded, set(), said.append) == 9.1
+    assert len(said) == 1 and "9.10" in said[0] and "5.80" in said[0]
+    assert costs.step_time(other, cached, recorded, set(), said.append) == 1.0
+    assert costs.step_time(key, {}, recorded, set(), said.append) == 9.1
+    assert costs.step_time(key, cached, {}, set(), said.append) == 5.8
+    assert math.isnan(costs.step_time(key, {}, {}, set(), said.append)) and len(said) == 1
+
+
+def test_a_run_in_progress_gives_its_log_s_pace(tmp_path):
+    """The augmult study's K = 4 GEP runs, checkpointed mid-way, were priced '?' although their
+    train.log had 60 step lines: a run with no summary.json yet counts by its log's pace."""
+    cfg = compose_cfg("experiment=dpsgd_mnist")
+    key = costs.timing_key(cfg)
+    d = tmp_path / "running"
+    d.mkdir()
+    OmegaConf.save(cfg, d / "config.yaml")
+    (d / "metrics.jsonl").write_text("")
+    log = [f"[10:00:{10 * i:02d}][INFO] step {5 * (i + 1)}/500 | epsilon 1.0" for i in range(4)]
+    (d / "train.log").write_text("\n".join(log) + "\n")
+    assert costs.recorded_step_times([tmp_path], {key}) == {key: pytest.approx(2.0)}
+    (d / "config.yaml").unlink()  # not a run: skipped
+    assert costs.recorded_step_times([tmp_path], {key}) == {}

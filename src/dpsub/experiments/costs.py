@@ -5,7 +5,8 @@ clip thresholds, batch, gradient engine, device, anchors), not on lr, epsilon or
 times come, in this order, from an earlier ``--time`` on this machine (``<out>/.step_times.json``,
 machine -> timing key -> seconds), from those committed with the repository
 (``results/tables/step_times.json``), or from finished runs of the same setting (their CPU
-seconds a step, else the pace of their train.log without its pauses, else steps_per_s).
+seconds a step, else the pace of their train.log without its pauses, else steps_per_s);
+where those runs took over 1.25x a ``--time`` figure, theirs (:func:`step_time`).
 :func:`time_step` measures one with the trainer's own ``build_run`` / ``train_step`` on
 synthetic data of the same shape. N is the private training set after
 the auxiliary and validation carve-outs; where the data is absent, the official release's
@@ -134,15 +135,16 @@ def train_size(cfg: DictConfig) -> tuple[int | None, str]:
 
 
 def recorded_step_times(roots: list[Path], want: set[str]) -> dict[str, float]:
-    """timing key (of ``want``) -> seconds per step measured by finished CPU runs under
-    ``roots`` (their summary.json's cpu_seconds per step, which a paused or core-starved
+    """timing key (of ``want``) -> seconds per step measured by CPU runs under ``roots``
+    (a finished run's summary.json's cpu_seconds per step, which a paused or core-starved
     run does not inflate; else the pace of its train.log's step lines without the paused
-    windows (:func:`log_rate`); else its run-average steps_per_s, or older
-    runs' per-window ones in metrics.jsonl; median over runs). A GPU run's rate is not a
-    CPU step time: skipped."""
+    windows (:func:`log_rate`), which is all a run still in progress offers; else its
+    run-average steps_per_s, or older runs' per-window ones in metrics.jsonl; median over
+    runs). A GPU run's rate is not a CPU step time: skipped."""
     seen: dict[str, list[float]] = {}
     for root in roots:
-        for run in runs.find_runs(root) if Path(root).is_dir() else []:
+        found = runs.find_runs(root, marker=runs.METRICS) if Path(root).is_dir() else []
+        for run in found:
             try:
                 key = timing_key(run.config_dict())
                 if key not in want or run.device_type() != "cpu":
@@ -222,6 +224,22 @@ class StepTimes:
         self.path.write_text(json.dumps(self.cache, indent=1))
 
 
+def step_time(key: str, cached: dict, recorded: dict, noted: set, say) -> float:
+    """A setting's seconds a step: this machine's (or the committed) ``--time`` figure, or
+    where finished runs of the setting took over 1.25x longer, theirs, said once. A --time
+    figure measured on older code or an idle core once priced the augmult study's GEP steps at
+    5.8 s while its runs took 9.1 CPU-seconds, so ``--fit`` would have started jobs that could
+    not end before ``--stop-at``: the larger figure is the safe one."""
+    timed, ran = cached.get(key, math.nan), recorded.get(key, math.nan)
+    if math.isnan(timed) or not ran > 1.25 * timed:
+        return ran if math.isnan(timed) else timed
+    if key not in noted:
+        noted.add(key)
+        say(f"# a step time: finished runs took {ran:.2f} s a step, the --time figure "
+            f"{timed:.2f} s (older code, or an idle core); using the runs'")  # fmt: skip
+    return ran
+
+
 def estimate(
     jobs, cfgs: dict, out: Path, roots: list[Path], timing_steps: int | None,
     say: Callable[[str], None],
@@ -240,7 +258,7 @@ def estimate(
         if key not in st.times and timing_steps:
             say(f"  timing {job.variant}/{job.name} ({timing_steps} steps) ...")
             st.measure(key, cfg, timing_steps)
-        step_s = st.times.get(key, recorded.get(key, math.nan))
+        step_s = step_time(key, st.times, recorded, noted, say)
         data_key = json.dumps(
             [OmegaConf.to_container(cfg[k]) for k in ("dataset", "aux")] + [cfg.seed]
         )

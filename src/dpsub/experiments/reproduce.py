@@ -275,8 +275,9 @@ def dry_run(args, table, jobs, tuned) -> None:
     if args.time:
         say(f"# step times measured on {where} (load average {os.getloadavg()[0]:.1f})")
     else:
-        say(f"# step times: measured (--time) on {where}, else recorded by finished "
-            "runs of the same setting (steps_per_s); --time measures the missing ones")  # fmt: skip
+        say(f"# step times: measured (--time) on {where}, else (or where over 1.25x slower) "
+            "recorded by runs of the same setting, running ones too; --time measures the "
+            "missing ones")  # fmt: skip
     factor = 1 / args.gpu_speedup
     say(f"# GPU column: an estimate = the one-core CPU time / {args.gpu_speedup:g} (--gpu-speedup, "
         "a conservative assumption; the one H100 session so far measured ~56x for a GP step at "
