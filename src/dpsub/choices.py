@@ -17,8 +17,10 @@ RNGS = ("seeded", "secure")
 POLICIES = ("planned", "measured", "nominal")
 #: ``features.name``: frozen feature extractors (:mod:`dpsub.features.extractors`).
 FEATURES = (
-    "none", "scatternet", "cifar100_resnet", "torchscript",
+    "none", "scatternet", "cifar100_resnet", "torchscript", "exported",
     "efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2",
 )  # fmt: skip
+#: ``features.name``s whose model is a user's file (``features.path``) -> what saved it
+MODEL_FILES = {"torchscript": "torch.jit.save", "exported": "torch.export.save"}
 #: ``features.norm``: where the feature normalization comes from (:mod:`dpsub.features`).
 FEATURE_NORMS = ("public", "example", "none")

@@ -179,7 +179,10 @@ FEATURE_OPTIONS = {
     "none": ("name",),
     "scatternet": (*_FEATURE_COMMON, "J", "L", "pool"),
     "cifar100_resnet": (*_FEATURE_COMMON, "width", "epochs", "seed", "pretrain_path"),
-    "torchscript": (*_FEATURE_COMMON, "path", "input_mean", "input_std"),
+    **{
+        n: (*_FEATURE_COMMON, "path", "input_mean", "input_std")
+        for n in ("torchscript", "exported")
+    },
     **{f"efficientnet_lite{i}": (*_FEATURE_COMMON, "input_mean", "input_std") for i in range(3)},
 }
 #: aux sources that are drawn from the private dataset's own (featurized) tensors
@@ -188,7 +191,7 @@ _FEATURE_AUX = ("none", "heldout_test", "public_train", "gaussian")
 
 def _check_features(cfg: DictConfig) -> None:
     """``features.*``: a known extractor, its own keys, and an aux source that is featurized."""
-    from dpsub.choices import FEATURE_NORMS, FEATURES
+    from dpsub.choices import FEATURE_NORMS, FEATURES, MODEL_FILES
 
     f = cfg.get("features")
     if f is None:
@@ -207,11 +210,11 @@ def _check_features(cfg: DictConfig) -> None:
         f.get("norm"),
     )
     _require(int(f.get("groups") or 0) >= 1, "features.groups", "must be >= 1", f.get("groups"))
-    if name == "torchscript":
+    if name in MODEL_FILES:
         _require(
             f.get("path") not in (None, "???"),
             "features.path",
-            "set the TorchScript file",
+            f"set the model's file (saved by {MODEL_FILES[name]})",
             f.get("path"),
         )
     aux = cfg.aux.name if cfg.get("aux") is not None else "none"

@@ -220,8 +220,8 @@ def unknown_key(cfg: DictConfig, key: str, config_name: str = "config") -> str |
     """None if ``key`` exists in ``cfg``, else one line saying so, with the close keys."""
     parts = key.split(".")
     node = cfg
-    for i, part in enumerate(parts):
-        if isinstance(node, DictConfig) and part in node:
+    for i, part in enumerate(parts):  # keys(): ``in`` is False for a mandatory ``???`` value
+        if isinstance(node, DictConfig) and part in node.keys():
             node = node._get_node(part)
             continue
         parent = ".".join(parts[:i])

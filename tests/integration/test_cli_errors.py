@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, cli_in_process
+from conftest import REPO, SYNTH, cli_in_process
 from helpers.cli_errors import fails, one_line_error
 
 
@@ -54,6 +54,18 @@ def test_a_sweep_over_experiments_checks_each_of_them(tmp_path):
 )
 def test_unknown_keys_groups_and_options_are_one_line(tmp_path, overrides, needles):
     one_line_error(fails(tmp_path, *overrides), *needles)
+
+
+def test_a_mandatory_key_can_be_set(tmp_path):
+    """features.path is ``???`` in conf/features/torchscript.yaml: setting it was refused as an
+    unknown key ("no such key ...; closest: features.path"), so the documented SimCLR command
+    could not run. Now the run gets as far as the file, which is not a model: one line."""
+    bad = tmp_path / "simclr.pt"
+    bad.write_text("not a model")
+    for name in ("torchscript", "exported"):
+        proc = fails(tmp_path, *SYNTH, "aux=gaussian", "model=linear", f"features={name}",
+                     "features.norm=example", f"features.path={bad}")  # fmt: skip
+        one_line_error(proc, "features.path", str(bad), "is not a file saved by")
 
 
 # ------------------------------------------------------------- environment

@@ -13,6 +13,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from dpsub.data.datasets import DatasetBundle
+from dpsub.errors import DataError
 from dpsub.features import featurize, normalize_examples, public_stats
 from dpsub.features.cache import cache_key, cached_features
 from dpsub.features.extractors import Scattering, build_extractor
@@ -74,6 +75,7 @@ def test_cache_is_reused_and_invalidated_by_data_and_extractor(tmp_path):
     assert cache_key(ident, x) != cache_key(ident, x[:9])  # a subset is other data
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning")  # the test saves TorchScript
 def test_extractor_identity_names_its_options_and_weights(tmp_path, public_npz):
     a = build_extractor(opts(tmp_path, public_npz), (1, 16, 16), tmp_path)[1]
     b = build_extractor(opts(tmp_path, public_npz, J=2), (1, 16, 16), tmp_path)[1]
@@ -340,3 +342,34 @@ def test_missing_efficientnet_package_or_weight_file_is_one_line(tmp_path, monke
     with pytest.raises(DatasetNotFoundError, match="weight file") as e:
         pretrained_weights("efficientnet_lite0")
     assert str(tmp_path / "models") in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_an_exported_program_gives_its_model_s_features(tmp_path, public_npz, dynamic):
+    """features=exported: a torch.export program (torch deprecates TorchScript). One exported
+    with a fixed batch of 4 gets 11 images in batches of 4, the last padded: the same features
+    as the model itself; its identity hashes the file."""
+    net = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2)).eval()
+    shapes = ({0: torch.export.Dim("batch")},) if dynamic else None
+    path = tmp_path / "net.pt2"
+    torch.export.save(
+        torch.export.export(net, (torch.rand(4, 1, 16, 16),), dynamic_shapes=shapes), path
+    )
+    ext, ident = build_extractor(
+        {**opts(tmp_path, public_npz), "name": "exported", "path": str(path)}, (1, 16, 16), tmp_path
+    )
+    x = torch.rand(11, 1, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(ext(x), net(x))
+    assert ident["name"] == "exported" and len(ident["weights"]) == 16
+
+
+@pytest.mark.parametrize("name", ["exported", "torchscript"])
+def test_a_file_that_is_not_a_saved_model_is_one_line(tmp_path, public_npz, name, capfd):
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"not a model")
+    with pytest.raises(DataError, match=rf"^features.path: {path} is not a file saved by") as e:
+        build_extractor(
+            {**opts(tmp_path, public_npz), "name": name, "path": str(path)}, (1, 16, 16), tmp_path
+        )
+    assert "\n" not in str(e.value) and capfd.readouterr().err == ""  # torch's log kept quiet

@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from dpsub.choices import MODEL_FILES
 from dpsub.data.aux_options import NATURAL_DEFAULT_FILE
 from dpsub.data.registry import REGISTRY
 from dpsub.errors import DataError, DatasetNotFoundError
@@ -119,11 +120,11 @@ def _check_feature_files(f: Any, root: Path, download: bool) -> None:
             raise no_public_images(f, key, root)
         if file is not None and not file.is_file():
             raise DatasetNotFoundError(f"features.{key}: {file} is not a file")
-    path = f.get("path") if name == "torchscript" else ""
+    path = f.get("path") if name in MODEL_FILES else ""
     if path is None or (path and not Path(str(path)).expanduser().is_file()):
         raise DatasetNotFoundError(
-            f"features.path: {path} is not a file (features=torchscript needs a TorchScript "
-            "model); see docs/features.md"
+            f"features.path: {path} is not a file (features={name} needs a model saved by "
+            f"{MODEL_FILES[name]}); see docs/features.md"
         )
 
 

