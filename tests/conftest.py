@@ -215,14 +215,22 @@ def pytest_collection_modifyitems(items):
 
 
 def loop_grads(model, x, y):
-    """Per-example gradients by single-example backward passes (the independent reference)."""
+    """Per-example gradients by single-example backward passes (the independent reference;
+    on a model Opacus hooks, its harmless first-layer hook warning is silenced as the
+    library's own backward silences it)."""
+    import warnings
+
     import torch
     import torch.nn.functional as F
+
+    from dpsub.grads.engine import _INPUT_HOOK_WARNING
 
     rows = []
     for i in range(x.shape[0]):
         model.zero_grad()
-        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", _INPUT_HOOK_WARNING, UserWarning)
+            F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
         rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
     model.zero_grad()
     return torch.stack(rows)
