@@ -373,3 +373,22 @@ def test_a_file_that_is_not_a_saved_model_is_one_line(tmp_path, public_npz, name
             {**opts(tmp_path, public_npz), "name": name, "path": str(path)}, (1, 16, 16), tmp_path
         )
     assert "\n" not in str(e.value) and capfd.readouterr().err == ""  # torch's log kept quiet
+
+
+def test_an_extractor_that_mixes_the_batch_is_refused(tmp_path, public_npz):
+    """A program exported with BatchNorm in training mode normalizes each image by its
+    batch's statistics: one private example would move the others' features, outside what
+    clipping bounds. Refused before any private image goes through it; in eval mode it runs."""
+    net = nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.AdaptiveAvgPool2d(1))
+    path = tmp_path / "bn.pt2"
+    batch = ({0: torch.export.Dim("batch")},)
+    torch.export.save(
+        torch.export.export(net.train(), (torch.rand(4, 1, 16, 16),), dynamic_shapes=batch), path
+    )
+    o = {**opts(tmp_path, public_npz), "name": "exported", "path": str(path), "norm": "example"}
+    with pytest.raises(DataError, match=r"^features.path: .*bn.pt2 gives an image other features"):
+        featurize(bundle(), o, tmp_path)
+    torch.export.save(
+        torch.export.export(net.eval(), (torch.rand(4, 1, 16, 16),), dynamic_shapes=batch), path
+    )
+    assert featurize(bundle(), o, tmp_path).train_x.shape == (12, 3, 1, 1)

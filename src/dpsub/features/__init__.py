@@ -73,6 +73,35 @@ def _channel_affine(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> t
     return (x - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
 
 
+def require_per_example(extractor, in_shape, image_size, opts: dict) -> None:
+    """DataError unless the extractor maps each image alone: a feature that depends on the
+    other images of its batch (a model saved with BatchNorm in training mode) makes one
+    private example change the others' inputs, which the per-example clipping and its
+    epsilon do not cover. Probed on 4 random images (no private data), batched and one by
+    one."""
+    from dpsub.choices import MODEL_FILES
+    from dpsub.errors import DataError
+
+    from .cache import run_extractor
+
+    x = torch.rand(4, *in_shape, generator=torch.Generator().manual_seed(0))
+    key = "features.path" if opts["name"] in MODEL_FILES else "features.name"
+    try:
+        with torch.no_grad():
+            together = run_extractor(extractor, x, 4, image_size)
+            alone = torch.cat([run_extractor(extractor, xi[None], 1, image_size) for xi in x])
+    except Exception as e:  # noqa: BLE001 -- e.g. BatchNorm in training mode on one image
+        raise DataError(f"{key}: {opts.get('path') or opts['name']} fails on a batch of one "
+                        f"image ({str(e).strip().splitlines()[0]})") from None  # fmt: skip
+    tol = 1e-4 * float(together.abs().max().clamp_min(1e-12))
+    if not torch.allclose(together, alone, rtol=1e-3, atol=tol):
+        raise DataError(
+            f"{key}: {opts.get('path') or opts['name']} gives an image other features in a "
+            "batch than alone (BatchNorm in training mode?): each example's features must be "
+            "its own for the clipping's bound to hold; save the model in eval mode"
+        )
+
+
 def featurize(data, opts: dict, root: str | Path, download: bool = False, counter=None):
     """The bundle ``data`` with its images replaced by normalized frozen features. The global
     random state is left as it was: building (or pretraining) an extractor draws from it,
@@ -90,6 +119,7 @@ def _featurize(data, opts: dict, root: Path, download: bool, counter):
     extractor, ident = build_extractor(opts, data.in_shape, root, download)
     cache_dir = Path(str(opts["cache_dir"])).expanduser()
     batch, size = int(opts.get("batch_size", 500)), opts.get("image_size")
+    require_per_example(extractor, data.in_shape, size, opts)
 
     def extract(x: torch.Tensor, what: str) -> torch.Tensor:
         return cached_features(extractor, ident, x, cache_dir, batch, size, what, counter)
