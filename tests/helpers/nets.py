@@ -49,3 +49,13 @@ class BNConvNet(GNConvNet):
     def __init__(self, in_shape, num_classes, width=4):
         super().__init__(in_shape, num_classes, width)
         self.norm = nn.BatchNorm2d(width)
+
+
+def gn_convnet(num_classes, width=4, **kwargs):
+    """A factory function for ``model=custom`` (as torchvision's ``resnet18``): it names
+    ``num_classes`` and passes its ``**kwargs`` on (it gets no ``in_shape``)."""
+    return GNConvNet((1, 28, 28), num_classes, width, **kwargs)
+
+
+def not_a_model(num_classes):
+    return {"num_classes": num_classes}

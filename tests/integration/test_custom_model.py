@@ -1,8 +1,9 @@
 """``model=custom model._target_=pkg.Class``: a user's model class through the command line.
 
-It trains (DP-SGD, GEP, and DP-SGD with ghost clipping); a BatchNorm model, a target that
-cannot be imported and one that is not an ``nn.Module`` class are one line naming the
-module or ``model._target_``, exit code 2, no run directory.
+It trains (DP-SGD, GEP, and DP-SGD with ghost clipping; a factory function too); a BatchNorm
+model, a target that cannot be imported and one that is neither an ``nn.Module`` class nor a
+function (or returns no module) are one line naming the module or ``model._target_``, exit
+code 2, no run directory.
 """
 
 from __future__ import annotations
@@ -31,6 +32,21 @@ def test_a_model_given_by_its_target_trains(tmp_path, extra):
     assert any(r.get("step") == 2 for r in rows), rows[-3:]
 
 
+def test_a_factory_function_trains_and_torchvision_s_says_batchnorm(tmp_path):
+    """``_target_`` may be a function returning a module (torchvision's ``resnet18``); it gets
+    num_classes because it names it, never in_shape through its **kwargs."""
+    run_dir = tmp_path / "run"
+    cli_in_process(
+        *STEPS, "model=custom", "model._target_=helpers.nets.gn_convnet", run_dir=run_dir
+    )
+    assert (run_dir / "summary.json").is_file()
+    (tmp_path / "tv").mkdir()
+    proc = fails(
+        tmp_path / "tv", *STEPS, "model=custom", "model._target_=torchvision.models.resnet18"
+    )
+    one_line_error(proc, "BatchNorm2d", "GroupNorm")
+
+
 def test_batchnorm_is_one_line_naming_the_module_and_groupnorm(tmp_path):
     proc = fails(tmp_path, *STEPS, *CUSTOM[:1], "model._target_=helpers.nets.BNConvNet")
     one_line_error(proc, "'norm'", "BatchNorm2d", "GroupNorm")
@@ -41,7 +57,8 @@ def test_batchnorm_is_one_line_naming_the_module_and_groupnorm(tmp_path):
     [
         ("no_such_pkg.Net", "cannot import 'no_such_pkg.Net'"),
         ("helpers.nets.NoSuchNet", "cannot import 'helpers.nets.NoSuchNet'"),
-        ("collections.OrderedDict", "is not an nn.Module class"),
+        ("collections.OrderedDict", "is neither an nn.Module class nor a function"),
+        ("helpers.nets.not_a_model", "returned dict, not an nn.Module"),
         ("helpers.nets.ConvGN.forward", "cannot import"),
         ("null", "package.module.Class"),
     ],

@@ -363,3 +363,12 @@ def test_auto_microbatch_fits_a_quarter_of_free_memory():
 def test_grads_microbatch_auto_reaches_the_engine():
     run = build_run(compose_cfg(*SYNTH, "mechanism=dpsgd", "grads.microbatch=auto"))
     assert 1 <= run.engine.microbatch <= run.cfg.train.batch_size
+
+
+def test_gep_names_what_limits_num_bases():
+    """k above what the anchors span: the message says how many directions there are and
+    whether more anchors would help (TinyNet has 276 parameters)."""
+    with pytest.raises(ValueError, match=r"num_bases=65 exceeds the 64 directions .* raise aux"):
+        gep_pair(num_bases=65, grouping="flat")
+    with pytest.raises(ValueError, match=r"exceeds the 276 directions .*; lower num_bases$"):
+        setup("gep", aux_m=300, num_bases=280, grouping="flat")

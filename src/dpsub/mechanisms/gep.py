@@ -82,10 +82,12 @@ class GEP(Mechanism):
         self.groups = group_parameters(engine.layout, o.grouping, o.num_groups)
         cap = sum(min(g.size, len(aux)) for g in self.groups)
         if o.num_bases > cap:
+            more = any(g.size > len(aux) for g in self.groups)  # anchors limit a group
             raise ValueError(
-                f"mechanism.num_bases={o.num_bases} exceeds what {len(aux)} anchor gradients can "
-                f"span over these parameter groups ({cap}); lower num_bases or raise "
-                "aux.num_samples"
+                f"mechanism.num_bases={o.num_bases} exceeds the {cap} directions that "
+                f"{len(aux)} anchor gradients span over {len(self.groups)} parameter group(s) of "
+                f"{engine.dim} parameters (a group: at most min(its size, the anchors)); lower "
+                + ("num_bases or raise aux.num_samples" if more else "num_bases")
             )
 
     def anchor_chunks(self, generator: torch.Generator) -> Iterator[torch.Tensor]:
