@@ -20,16 +20,16 @@ from torch import nn
 
 from dpsub.errors import ConfigError
 
-__all__ = ["build_custom", "target_class"]
+__all__ = ["build_custom", "model_maker"]
 
 KEY = "model._target_"
 
 
-def target_class(target: object) -> type[nn.Module] | Callable[..., nn.Module]:
+def model_maker(target: object) -> type[nn.Module] | Callable[..., nn.Module]:
     """The ``nn.Module`` subclass or the function ``target`` (``"package.module.Name"``)
     names."""
     if not isinstance(target, str) or "." not in target:
-        raise ConfigError(f"{KEY}: give the class as package.module.Class, got {target!r}")
+        raise ConfigError(f"{KEY}: name the model class, as package.module.Class, got {target!r}")
     module, _, attr = target.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), attr)
@@ -44,7 +44,7 @@ def target_class(target: object) -> type[nn.Module] | Callable[..., nn.Module]:
 
 def build_custom(in_shape, num_classes: int, _target_: object = None, **kwargs) -> nn.Module:
     """``target(**kwargs)``, with ``in_shape`` / ``num_classes`` where it takes them."""
-    make = target_class(_target_)
+    make = model_maker(_target_)
     params = inspect.signature(make).parameters
     any_kw = isinstance(make, type) and any(
         p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
