@@ -18,7 +18,15 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dpsub.choices import ACCOUNTANTS, BACKENDS, RNGS, SAMPLINGS
+from dpsub.choices import (
+    ACCOUNTANTS,
+    BACKENDS,
+    FEATURE_NORMS,
+    FEATURES,
+    MODEL_FILES,
+    RNGS,
+    SAMPLINGS,
+)
 from dpsub.data.registry import REGISTRY
 from dpsub.declare import check_declared, opt
 from dpsub.errors import ConfigError
@@ -179,10 +187,7 @@ FEATURE_OPTIONS = {
     "none": ("name",),
     "scatternet": (*_FEATURE_COMMON, "J", "L", "pool"),
     "cifar100_resnet": (*_FEATURE_COMMON, "width", "epochs", "seed", "pretrain_path"),
-    **{
-        n: (*_FEATURE_COMMON, "path", "input_mean", "input_std")
-        for n in ("torchscript", "exported")
-    },
+    **{n: (*_FEATURE_COMMON, "path", "input_mean", "input_std") for n in MODEL_FILES},
     **{f"efficientnet_lite{i}": (*_FEATURE_COMMON, "input_mean", "input_std") for i in range(3)},
 }
 #: aux sources that are drawn from the private dataset's own (featurized) tensors
@@ -191,8 +196,6 @@ _FEATURE_AUX = ("none", "heldout_test", "public_train", "gaussian")
 
 def _check_features(cfg: DictConfig) -> None:
     """``features.*``: a known extractor, its own keys, and an aux source that is featurized."""
-    from dpsub.choices import FEATURE_NORMS, FEATURES, MODEL_FILES
-
     f = cfg.get("features")
     if f is None:
         return

@@ -28,7 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpsub.features.cache import cached_features
+from dpsub.choices import MODEL_FILES
+from dpsub.errors import DataError
+from dpsub.features.cache import cached_features, run_extractor
 
 __all__ = ["featurize", "public_stats", "normalize_examples"]
 
@@ -79,11 +81,6 @@ def require_per_example(extractor, in_shape, image_size, opts: dict) -> None:
     private example change the others' inputs, which the per-example clipping and its
     epsilon do not cover. Probed on 4 random images (no private data), batched and one by
     one."""
-    from dpsub.choices import MODEL_FILES
-    from dpsub.errors import DataError
-
-    from .cache import run_extractor
-
     x = torch.rand(4, *in_shape, generator=torch.Generator().manual_seed(0))
     key = "features.path" if opts["name"] in MODEL_FILES else "features.name"
     try:
