@@ -578,6 +578,35 @@ def test_the_lanes_plan_lists_each_campaigns_jobs_and_what_is_left(tmp_path):
     assert bare.returncode == 2 and "--stop-at" in bare.stderr and bare.stderr.count("\n") == 1
 
 
+def test_a_lane_of_two_threads_gets_them_and_scales_the_fit(tmp_path, monkeypatch):
+    """``--lanes 1 --threads 2`` (one long job on both cores): the job gets OMP_NUM_THREADS=2
+    and reproduce.py the lane's --fit-margin; more lanes x threads than cores is refused."""
+    import time
+
+    from dpsub.experiments import lanes
+
+    monkeypatch.setattr(lanes.os, "cpu_count", lambda: 2)
+    argv = ["--lanes", "1", "--threads", "2", "--fit-margin", "0.45", "--stop-at", "+1h",
+            "--out", str(tmp_path), "data.root=x"]  # fmt: skip
+    seen = []
+
+    class Recorder(lanes.Stop):
+        def run(self, argv, nice=0, **kw):
+            seen.append((argv, kw["env"]))
+            return 0
+
+    lanes.lane(0, [["t", "--setting", "s"]], lanes.parse(argv), time.time() + 3600, Recorder())
+    ((job, env),) = seen
+    assert env["OMP_NUM_THREADS"] == "2" and job[job.index("--fit-margin") + 1] == "0.45"
+    assert "--fit" in job and job[-1] == "data.root=x"
+    seen.clear()
+    lanes.lane(0, [["t"]], lanes.parse(["--stop-at", "+1h", "--out", str(tmp_path)]),
+               time.time() + 3600, Recorder())  # fmt: skip
+    ((job, env),) = seen
+    assert env["OMP_NUM_THREADS"] == "1" and "--fit-margin" not in job  # reproduce's default
+    assert lanes.main(["--lanes", "2", "--threads", "2", "--stop-at", "+1h"]) == 2
+
+
 def test_finished_runs_much_slower_than_the_time_cache_win(tmp_path):
     """A --time figure from older code priced the augmult study's GEP steps at 5.8 s while its
     lanes' runs took 9.1 CPU-seconds a step: ``--fit`` must use the runs' (said once), and a

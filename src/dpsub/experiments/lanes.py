@@ -5,8 +5,14 @@
     python scripts/lanes.py --plan data.root=/data/cifar10               # what is left
 
 Each lane runs the campaigns of ``conf/lanes/cpu.yaml`` (``--campaigns``: another file) in
-their order, each as ``scripts/reproduce.py <campaign> --out OUT --stop-at T`` with one
-thread (``OMP_NUM_THREADS=1``) at ``nice`` 5; the remaining overrides go to every campaign.
+their order, each as ``scripts/reproduce.py <campaign> --out OUT --stop-at T`` with
+``--threads`` torch threads (``OMP_NUM_THREADS``; 1 by default) at ``nice`` 5; the remaining
+overrides go to every campaign. ``--lanes 1 --threads 2`` gives one job both cores: a job
+too long for one core in one work period may fit in it (measured 2026-11-28 on this
+project's 2-core machine: a GEP step of augmult's ``sim-eps8-gep`` K = 1 setting, whose
+one-thread runs beside a second lane had recorded 8.2 CPU-seconds a step, took 2.8 s of
+wall time), so ``--fit-margin`` (passed on to reproduce.py) scales the recorded one-core
+step times to the lane's pace.
 A campaign that is done, or whose remaining jobs another lane holds (each run dir is locked
 by its process), returns and the lane goes on to the next; the lanes start ``--stagger``
 seconds apart so they do not race for the same job. At ``--stop-at`` every lane's job
@@ -106,7 +112,7 @@ def lane(i: int, todo: list[list[str]], args, deadline: float, stop: Stop) -> No
     """One lane: the campaigns in order while time is left (a child process each)."""
     if stop.event.wait(i * args.stagger):
         return
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
     script = project_root() / "scripts" / "reproduce.py"
     log = Path(args.out) / ".lanes" / f"lane{i}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -115,7 +121,9 @@ def lane(i: int, todo: list[list[str]], args, deadline: float, stop: Stop) -> No
         if left < MARGIN_S or stop.event.is_set():
             break
         argv = [sys.executable, str(script), *words, "--out", str(args.out),
-                "--stop-at", f"+{int(left)}s", *(["--fit"] if args.fit else []),
+                "--stop-at", f"+{int(left)}s",
+                *(["--fit"] if args.fit else []),
+                *(["--fit-margin", str(args.fit_margin)] if args.fit_margin else []),
                 *args.overrides]  # fmt: skip
         with log.open("a") as f:
             f.write(f"\n$ {shlex.join(argv)}\n")
@@ -158,7 +166,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="print each campaign's jobs done and left with their CPU cost (its "
                         "--dry-run); run nothing")  # fmt: skip
     p.add_argument("--lanes", type=int, default=2, choices=range(1, (os.cpu_count() or 1) + 1),
-                   metavar="N", help="lanes, one core each (default 2)")  # fmt: skip
+                   metavar="N", help="lanes (default 2)")  # fmt: skip
+    p.add_argument("--threads", type=int, default=1, choices=range(1, (os.cpu_count() or 1) + 1),
+                   metavar="T", help="torch threads per lane (default 1); lanes x threads "
+                                     "should not exceed the cores")  # fmt: skip
     p.add_argument("--campaigns", type=Path, default=conf_dir() / "lanes" / "cpu.yaml")
     p.add_argument("--out", type=Path, default=project_root() / "outputs" / "tables")
     p.add_argument("--stagger", type=float, default=30.0, help="seconds between lane starts")
@@ -167,6 +178,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="start a job only if its estimated time ends before --stop-at "
                         "(reproduce.py --fit; default): a machine that does not last from one "
                         "period to the next loses an unfinished job's checkpoint")  # fmt: skip
+    p.add_argument("--fit-margin", type=float, default=None,
+                   help="with --fit: reproduce.py's --fit-margin (the recorded one-core step "
+                        "times are multiplied by it; below 1 for a lane of several threads)")  # fmt: skip
     return p.parse_intermixed_args(argv)
 
 
@@ -179,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.stop_at is None:
             raise ConfigError("--stop-at: when the lanes end (HH:MM or +2h30m); or --plan")
+        if args.lanes * args.threads > (os.cpu_count() or 1):
+            raise ConfigError(f"--lanes {args.lanes} x --threads {args.threads}: more than "
+                              f"the {os.cpu_count()} cores")  # fmt: skip
+        if args.fit_margin is not None and args.fit_margin <= 0:
+            raise ConfigError(f"--fit-margin {args.fit_margin}: must be positive")
         deadline = time.time() + seconds_until(args.stop_at)
     except ConfigError as e:
         print(f"lanes: {e}", file=sys.stderr)
