@@ -90,7 +90,8 @@ def test_tiny_kit_runs_every_step_and_continues_a_cell(tmp_path, monkeypatch):
     assert "no --gep-authors" in record["steps"]["bench"]["gep_authors"]
 
     written = harvest(out1, here)
-    (record,) = (here / "results/gpu").iterdir()  # one folder per command: <start>-<device>
+    # one folder per command: <start>-<device>
+    (record,) = (d for d in (here / "results/gpu").iterdir() if d.is_dir())
     assert (record / "check.json").is_file() and (record / "gpu_run.log").is_file()
     assert "passed" in (record / "pytest.log").read_text()
     assert "| gep |" in (here / "results/bench/cpu_tiny.md").read_text()
@@ -100,7 +101,13 @@ def test_tiny_kit_runs_every_step_and_continues_a_cell(tmp_path, monkeypatch):
     cell_dir = carried[0].parent.relative_to(here / ".gpu/cells")
     assert "mechanism=dpsgd,epsilon=8,seed=0" in str(cell_dir)
 
-    shutil.copytree(here / ".gpu", dev2 / ".gpu")  # what travels with the next command
+    # the next command's machine is a fresh checkout: .gpu/ (ignored) is gone, the parked tar
+    # (committed) brings the cell back
+    fresh = tmp_path / "fresh"
+    (fresh / stage.PARKED).parent.mkdir(parents=True)
+    shutil.copy2(here / stage.PARKED, fresh / stage.PARKED)
+    assert stage.unpark_cells(fresh) and any("parked 1 cell" in line for line in written)
+    shutil.copytree(fresh / ".gpu", dev2 / ".gpu")  # what travels with the next command
     out2 = tmp_path / "out2"
     assert tiny(out2, dev2, tmp_path / "w2", steps=("cells",), campaigns=PAPER) == 0
     ran = json.loads((out2 / "gpu_run.json").read_text())["steps"]["cells"]["ran"]
@@ -109,11 +116,13 @@ def test_tiny_kit_runs_every_step_and_continues_a_cell(tmp_path, monkeypatch):
     ]
     harvest(out2, here)
     device = kit.device_name().replace(" (", "-").replace("_", "-").rstrip(")")
-    assert all(d.name.endswith(device) for d in (here / "results/gpu").iterdir()), device
+    records = [d for d in (here / "results/gpu").iterdir() if d.is_dir()]
+    assert records and all(d.name.endswith(device) for d in records), device
     done = here / cell_dir
     summary = json.loads((done / "summary.json").read_text())
     assert summary["steps"] == summary["planned_steps"] and not summary["stopped_by_budget"]
     assert not (done / "checkpoint.pt").exists() and not (here / ".gpu/cells" / cell_dir).exists()
+    assert not (here / stage.PARKED).exists()  # nothing in progress: the parked tar is gone
     assert "final:" in (done / "train.log").read_text()
 
 

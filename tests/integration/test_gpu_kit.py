@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 import time
@@ -122,6 +123,25 @@ def test_harvest_then_slim_in_one_command(tmp_path):
     assert "set aside: results/pdpsgd" in r.stdout and "would travel" in r.stdout
     assert not (root / "results/pdpsgd/a.json").exists()
     assert (root / "results/gpu/2026-11-28T0635-h/gpu_run.log").read_text() == "log"
+
+
+def test_a_re_parked_cell_does_not_stop_the_next_slim(tmp_path):
+    """The parked tar (committed) is rewritten by every harvest: ``--harvest DIR --slim`` must
+    still slim (a changed tracked file elsewhere is still refused)."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    cell = root / ".gpu/cells/results/tables/t/s/tune/c"
+    cell.mkdir(parents=True)
+    (cell / "checkpoint.pt").write_bytes(b"a")
+    stage.park_cells(root)
+    committed_results(root)  # commits the parked tar too
+    (cell / "checkpoint.pt").write_bytes(b"b")
+    stage.park_cells(root)
+    assert "results/gpu" in stage.slim(root) and not (root / stage.PARKED).exists()
+    stage.unslim(root)
+    (root / "results/pdpsgd/a.json").write_text("changed")
+    with pytest.raises(stage.StageError, match="uncommitted"):
+        stage.slim(root)
 
 
 def fake_jpegs(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -410,3 +430,31 @@ def test_harvest_never_replaces_another_finished_run_of_a_cell(tmp_path):
     assert "another finished run" in written[0]
     (here / rel / cells.SUMMARY).write_text('{"test_accuracy": 0.5}')  # the same run: no clash
     assert cells.harvest_cells(out / "cells.tar", here)[0].startswith("finished:")
+
+
+def test_cells_in_progress_are_parked_in_a_tracked_tar_and_come_back(tmp_path):
+    """.gpu/ is ignored and dies with its machine: --harvest parks the cells in progress in
+    results/gpu/cells_in_progress.tar (committed), --stage on a fresh checkout brings them
+    back (never over a newer file); no cell left removes the tar; a full checkpoint is refused."""
+    here, fresh = tmp_path / "here", tmp_path / "fresh"
+    cell = here / ".gpu/cells/results/tables/t/s/tune/mechanism=gep,lr=1"
+    cell.mkdir(parents=True)
+    (cell / "checkpoint.pt").write_bytes(b"light" * 100)
+    (cell / "train.log").write_text("step 10/20\n")
+    assert "parked 1 cell(s)" in stage.park_cells(here)
+    first = (here / stage.PARKED).read_bytes()
+    assert stage.park_cells(here) and (here / stage.PARKED).read_bytes() == first  # reproducible
+    (fresh / stage.PARKED).parent.mkdir(parents=True)
+    (fresh / stage.PARKED).write_bytes(first)
+    back = fresh / ".gpu/cells" / cell.relative_to(here / ".gpu/cells")
+    back.mkdir(parents=True)
+    (back / "train.log").write_text("newer\n")
+    assert len(stage.unpark_cells(fresh)) == 1
+    assert (back / "checkpoint.pt").read_bytes() == b"light" * 100
+    assert (back / "train.log").read_text() == "newer\n"
+    (cell / "checkpoint.pt").write_bytes(b"0" * (stage.OUT_MAX_FILE + 1))
+    with pytest.raises(stage.StageError, match="not a light checkpoint"):
+        stage.park_cells(here)
+    assert (here / stage.PARKED).read_bytes() == first
+    shutil.rmtree(here / ".gpu/cells")
+    assert "removed" in stage.park_cells(here) and not (here / stage.PARKED).exists()

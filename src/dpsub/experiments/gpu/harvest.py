@@ -10,7 +10,8 @@ folder instead, which is read the same way. Destinations:
   kit's log and record, the cells step's log and each cell's output (``cell-NN.log``);
 * ``results/bench/gpu_*.md`` and ``.json``: the bench;
 * ``results/tables/...``: finished cells (no checkpoint); ``.gpu/cells/...``: cells in
-  progress with their checkpoint, to travel with the next GPU command.
+  progress with their checkpoint, to travel with the next GPU command, parked in the tracked
+  ``results/gpu/cells_in_progress.tar`` for a later machine (``stage.park_cells``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import tarfile
 from pathlib import Path, PurePosixPath
 
 from dpsub.experiments.gpu.cells import CKPT_TAR, harvest_cells
-from dpsub.experiments.gpu.stage import StageError
+from dpsub.experiments.gpu.stage import StageError, park_cells
 
 #: step -> where its files go (relative to the repository root; "{record}": record_dir)
 DEST = {"check": "{record}", "smoke": "{record}", "bench": "results/bench"}
@@ -88,7 +89,7 @@ def harvest(src: Path, root: Path) -> list[str]:
             written.append(str(shutil.copy2(src / name, root / record / name)))
     if not written:
         raise StageError(f"--harvest: {src} holds no GPU kit outputs (*.tar, gpu_run.log)")
-    return written
+    return [*written, park_cells(root)]
 
 
 def record_dir(src: Path) -> str:

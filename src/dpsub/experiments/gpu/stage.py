@@ -15,15 +15,20 @@ needed on a user's machine, where the real datasets sit under ``data.root``):
   one of its 60,000 files starts with the same 585 header bytes, which are stored once.
   53 MiB become about 20 MiB; :func:`unpack_cifar10` rebuilds the very same bytes (checked
   against their SHA-256) and the shared decoder writes ``cifar-10-batches-py/`` from them;
-* ``cells/``: table cells in progress (their checkpoints), put there by ``--harvest``.
+* ``cells/``: table cells in progress (their checkpoints), put there by ``--harvest``, which
+  also *parks* them in the tracked ``results/gpu/cells_in_progress.tar`` (:func:`park_cells`)
+  because ``.gpu/`` is lost with the machine it was harvested on; :func:`stage` brings them
+  back on a fresh checkout (:func:`unpark_cells`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import os
 import shutil
 import subprocess
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +45,8 @@ COMMAND_LIMIT_S = 600
 OUT_MAX_FILES, OUT_MAX_FILE, OUT_MAX_DEPTH = 8, 16 * MiB, 2
 
 GPU_DIR = ".gpu"
+#: the cells in progress, committed (``.gpu/`` is ignored and does not outlive its machine)
+PARKED = Path("results") / "gpu" / "cells_in_progress.tar"
 WHEELS = ("hydra_core", "omegaconf", "antlr4_python3_runtime", "opacus")
 AUX_FILE = Path("aux") / "tinyimagenet_val_32x32.npz"
 PACKED_CIFAR = "cifar10_jpeg_packed.npz"
@@ -107,11 +114,16 @@ def slim(root: Path) -> list[str]:
     command never reads (:func:`set_aside`; the campaigns' tables stay: their finished cells
     are skipped). They are committed, so :func:`unslim` (``git checkout``) brings them back.
     Untracked files in them stay (a harvested command's record, not yet committed, so a next
-    command can follow at once); a changed tracked file is refused. Returns the folders."""
+    command can follow at once); a changed tracked file is refused, but for the parked cells
+    (:data:`PARKED`: every harvest writes it again from ``.gpu/cells``). Returns the folders."""
     removed = []
     for d in set_aside(root):
         rel = str(d.relative_to(root))
-        status = _git(root, "status", "--porcelain", "--", rel).splitlines()
+        status = [
+            line
+            for line in _git(root, "status", "--porcelain", "--", rel).splitlines()
+            if not line.endswith(PARKED.as_posix())
+        ]  # re-parked by every harvest
         if any(not line.startswith("??") for line in status):
             raise StageError(f"--slim: {rel} has uncommitted changes; commit them first")
         tracked = _git(root, "ls-files", "--", rel).splitlines()
@@ -264,12 +276,13 @@ def find_shared(root: Path, shared: Path | None = None) -> Path:
 
 def stage(root: Path, shared: Path | None = None, datasets: tuple[str, ...] = ("cifar10", "aux"))\
         -> list[Staged]:  # fmt: skip
-    """Fill ``root/.gpu`` (keeping ``cells/``) with wheels and ``datasets``; say what is missing."""
+    """Fill ``root/.gpu`` (keeping ``cells/``, and bringing back the parked ones) with wheels and
+    ``datasets``; say what is missing."""
     sh = find_shared(root, shared)
     gpu = root / GPU_DIR
+    done: list[Path] = [Path(f) for f in unpark_cells(root)]
     for sub in ("wheels", "data"):
         shutil.rmtree(gpu / sub, ignore_errors=True)
-    done: list[Path] = []
     for whl in sorted((sh / "device" / "wheels").glob("*.whl")):
         done.append(Path(shutil.copy2(whl, _mk(gpu / "wheels"))))
     data = sh / "data"
@@ -288,6 +301,61 @@ def stage(root: Path, shared: Path | None = None, datasets: tuple[str, ...] = ("
         else:
             raise StageError(f"stage: unknown dataset {name!r} (cifar10, aux)")
     return [Staged(p, p.stat().st_size) for p in done]
+
+
+def park_cells(root: Path) -> str:
+    """Write ``.gpu/cells`` (the cells in progress) into the tracked :data:`PARKED` tar, or
+    delete the tar when none is in progress; what it did, in one line.
+
+    This project's machines do not outlive a work period and ``.gpu/`` is git-ignored, so a
+    GEP cell longer than one period's device time (2,500 steps at k = 1,000) restarted from
+    step 0 on every lent machine: three sim-eps2 cells at 1,160-1,600 steps were lost that way
+    (2026-11-28). Committing the tar (light checkpoints, about 2 MB a cell) keeps them. A
+    file over the returned-file limit (a full checkpoint, never a light one) is refused.
+    """
+    cells_dir, dest = Path(root) / GPU_DIR / "cells", Path(root) / PARKED
+    files = sorted(p for p in cells_dir.rglob("*") if p.is_file()) if cells_dir.is_dir() else []
+    if not files:
+        existed = dest.is_file()
+        dest.unlink(missing_ok=True)
+        return f"no cell in progress{f': removed {PARKED}' if existed else ''}"
+    big = next((p for p in files if p.stat().st_size > OUT_MAX_FILE), None)
+    if big is not None:
+        raise StageError(f"park: {big} is over {OUT_MAX_FILE // MiB} MiB (not a light "
+                         "checkpoint); nothing parked")  # fmt: skip
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".tmp")
+    with tarfile.open(tmp, "w") as tar:
+        for f in files:  # reproducible: no owner, no time
+            info = tar.gettarinfo(f, arcname=f.relative_to(cells_dir).as_posix())
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            with f.open("rb") as fh:
+                tar.addfile(info, fh)
+    os.replace(tmp, dest)
+    runs = {f.parent for f in files}
+    return (f"parked {len(runs)} cell(s) in progress in {PARKED} "
+            f"({dest.stat().st_size / MiB:.1f} MiB): commit it")  # fmt: skip
+
+
+def unpark_cells(root: Path) -> list[str]:
+    """Bring the parked cells (:func:`park_cells`) back into ``.gpu/cells``, each file not
+    already there (a newer harvest wins); the files written."""
+    from dpsub.experiments.gpu.harvest import safe_members
+
+    src, cells_dir = Path(root) / PARKED, Path(root) / GPU_DIR / "cells"
+    if not src.is_file():
+        return []
+    written = []
+    with tarfile.open(src) as tar:
+        for m in safe_members(tar):
+            target = cells_dir / m.name
+            if target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tar.extractfile(m) as fh, target.open("wb") as out:
+                shutil.copyfileobj(fh, out)
+            written.append(str(target))
+    return written
 
 
 def _need(path: Path) -> None:
