@@ -93,3 +93,25 @@ def test_a_sweep_job_s_console_lines_carry_its_prefix_and_one_format(tmp_path: P
     jobs = OmegaConf.load(CONF / "hydra" / "job_logging" / "dpsub.yaml")
     assert hydra_own.formatters == jobs.formatters and jobs.formatters.simple.format == FORMAT
     assert "override hydra/hydra_logging: dpsub" in (CONF / "config.yaml").read_text()
+
+
+def test_train_log_follows_a_file_replaced_under_the_run(tmp_path):
+    """``git stash -u`` then ``stash pop`` in a lane's clone recreated a running run's
+    train.log (a new file, the old lines in it): later lines must land in it, not in the
+    deleted file the old handle still pointed at."""
+    import logging
+
+    from dpsub.training.progress import attach_run_log
+
+    path = tmp_path / "train.log"
+    detach = attach_run_log(path)
+    try:
+        logging.getLogger("dpsub").info("step 10")
+        kept = path.read_text()
+        path.unlink()
+        path.write_text(kept)  # what stash pop does: the same bytes in a new file
+        logging.getLogger("dpsub").info("step 20")
+    finally:
+        detach()
+    lines = path.read_text().splitlines()
+    assert [line.split("] ")[-1] for line in lines] == ["step 10", "step 20"]

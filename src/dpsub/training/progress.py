@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import logging.handlers
 import math
 import sys
 from collections.abc import Callable
@@ -26,9 +27,13 @@ FORMAT = "[%(asctime)s][%(levelname)s] %(message)s"
 
 
 def attach_run_log(path: Path) -> Callable[[], None]:
-    """Send the ``dpsub`` logger to ``path`` (and to stdout if nothing prints it); undo with the return."""
+    """Send the ``dpsub`` logger to ``path`` (and to stdout if nothing prints it); undo with the return.
+
+    The file is reopened when it is replaced under a running job (``WatchedFileHandler``):
+    a ``git stash -u`` / ``stash pop`` in a lane's clone on 2026-11-28 recreated a running
+    run's ``train.log``, and a plain handler went on writing to the deleted file."""
     log.setLevel(logging.INFO)
-    handlers = [logging.FileHandler(path)]
+    handlers: list[logging.Handler] = [logging.handlers.WatchedFileHandler(path)]
     if not (log.handlers or logging.getLogger().handlers):
         handlers.append(logging.StreamHandler(sys.stdout))
     for h in handlers:
