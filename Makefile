@@ -47,8 +47,9 @@ table: setup  ## one paper table (conf/paper/): make table TABLE=gep1-mnist SETT
 	$(if $(filter -h --help --dry-run,$(ARGS)),,$(UV) run --frozen python scripts/make_table.py $(TABLE) --setting $(SETTING) $(OVERRIDES))
 
 STOP ?= +2h30m
-lanes: setup  ## the long campaigns on one lane per core until STOP (conf/lanes/cpu.yaml): make lanes STOP=11:35 OVERRIDES=data.root=/data/cifar10
-	$(UV) run --frozen python scripts/lanes.py --stop-at $(STOP) $(OVERRIDES)
+LANES_ARGS ?=
+lanes: setup  ## the long campaigns on one lane per core until STOP (conf/lanes/cpu.yaml): make lanes STOP=11:35 OVERRIDES=data.root=/data/cifar10 [LANES_ARGS="--lanes 1 --threads 2 --fit-margin 0.45"]
+	$(UV) run --frozen python scripts/lanes.py --stop-at $(STOP) $(LANES_ARGS) $(OVERRIDES)
 
 render: setup  ## re-render a table from its runs only (outputs/tables, else the committed results/tables), keeping the recorded commit and hardware
 	$(UV) run --frozen python scripts/make_table.py $(TABLE) --setting $(SETTING) $(OVERRIDES)
