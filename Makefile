@@ -48,7 +48,7 @@ table: setup  ## one paper table (conf/paper/): make table TABLE=gep1-mnist SETT
 
 STOP ?= +2h30m
 LANES_ARGS ?=
-lanes: setup  ## the long campaigns on one lane per core until STOP (conf/lanes/cpu.yaml): make lanes STOP=11:35 OVERRIDES=data.root=/data/cifar10 [LANES_ARGS="--lanes 1 --threads 2 --fit-margin 0.45"]
+lanes: setup  ## the long campaigns on one lane per core until STOP (conf/lanes/cpu.yaml): make lanes STOP=11:35 OVERRIDES=data.root=/data/cifar10 [LANES_ARGS="--lanes 1 --threads 2 --fit-margin 0.4"]
 	$(UV) run --frozen python scripts/lanes.py --stop-at $(STOP) $(LANES_ARGS) $(OVERRIDES)
 
 render: setup  ## re-render a table from its runs only (outputs/tables, else the committed results/tables), keeping the recorded commit and hardware

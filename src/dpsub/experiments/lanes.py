@@ -8,11 +8,10 @@ Each lane runs the campaigns of ``conf/lanes/cpu.yaml`` (``--campaigns``: anothe
 their order, each as ``scripts/reproduce.py <campaign> --out OUT --stop-at T`` with
 ``--threads`` torch threads (``OMP_NUM_THREADS``; 1 by default) at ``nice`` 5; the remaining
 overrides go to every campaign. ``--lanes 1 --threads 2`` gives one job both cores: a job
-too long for one core in one work period may fit in it (measured 2026-11-28 on this
-project's 2-core machine: a GEP step of augmult's ``sim-eps8-gep`` K = 1 setting, whose
-one-thread runs beside a second lane had recorded 8.2 CPU-seconds a step, took 2.8 s of
-wall time), so ``--fit-margin`` (passed on to reproduce.py) scales the recorded one-core
-step times to the lane's pace.
+too long for one core in one work period may fit in it. ``--fit-margin`` (passed on to
+reproduce.py) scales the recorded step times (one-core CPU-seconds, from whatever machine
+ran them) to the lane's pace on this machine; calibrate it from a run's own pace here
+(docs/tables.md has the figures of 2026-11-28).
 A campaign that is done, or whose remaining jobs another lane holds (each run dir is locked
 by its process), returns and the lane goes on to the next; the lanes start ``--stagger``
 seconds apart so they do not race for the same job. At ``--stop-at`` every lane's job
