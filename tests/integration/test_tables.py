@@ -607,6 +607,21 @@ def test_a_lane_of_two_threads_gets_them_and_scales_the_fit(tmp_path, monkeypatc
     assert lanes.main(["--lanes", "2", "--threads", "2", "--stop-at", "+1h"]) == 2
 
 
+def test_a_non_positive_fit_margin_is_one_line_and_exit_2(tmp_path):
+    """reproduce.py --fit-margin 0 would start every job as if it cost nothing; the lanes
+    check it with the same function before any lane starts."""
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    proc = script("reproduce", spec, "--setting", "tiny", "--out", tmp_path / "runs",
+                  "--fit-margin", "0", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 2 and "--fit-margin 0.0: must be positive" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+    lanes = script("lanes", "--stop-at", "+1h", "--fit-margin", "-1", cwd=tmp_path)
+    assert (
+        lanes.returncode == 2 and lanes.stderr.count("\n") == 1 and "--fit-margin" in lanes.stderr
+    )
+
+
 def test_finished_runs_much_slower_than_the_time_cache_win(tmp_path):
     """A --time figure from older code priced the augmult study's GEP steps at 5.8 s while its
     lanes' runs took 9.1 CPU-seconds a step: ``--fit`` must use the runs' (said once), and a

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from dpsub.errors import ConfigError
-from dpsub.experiments.reproduce import seconds_until
+from dpsub.experiments.reproduce import check_fit_margin, seconds_until
 from dpsub.paths import conf_dir, project_root
 
 MARGIN_S = 120  # a campaign is not started with less time than this left
@@ -195,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.lanes * args.threads > (os.cpu_count() or 1):
             raise ConfigError(f"--lanes {args.lanes} x --threads {args.threads}: more than "
                               f"the {os.cpu_count()} cores")  # fmt: skip
-        if args.fit_margin is not None and args.fit_margin <= 0:
-            raise ConfigError(f"--fit-margin {args.fit_margin}: must be positive")
+        if args.fit_margin is not None:
+            check_fit_margin(args.fit_margin)
         deadline = time.time() + seconds_until(args.stop_at)
     except ConfigError as e:
         print(f"lanes: {e}", file=sys.stderr)

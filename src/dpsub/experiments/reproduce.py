@@ -366,6 +366,13 @@ class Deadline:
         return seconds is None or not math.isfinite(seconds) or time.time() + seconds <= cls.at
 
 
+def check_fit_margin(margin: float) -> float:
+    """``--fit-margin``: a positive factor (ConfigError otherwise)."""
+    if not margin > 0:
+        raise ConfigError(f"--fit-margin {margin}: must be positive")
+    return margin
+
+
 def seconds_until(text: str, now: dt.datetime | None = None) -> float:
     """``HH:MM`` (the next such local time) or ``+2h30m`` / ``+90s`` -> seconds from now."""
     now = now or dt.datetime.now()
@@ -521,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         table = args.table_obj = tables.load_table(args.table)
         table.setting(args.setting)
+        check_fit_margin(args.fit_margin)
         jobs, tuned, picks = plan(args, table)
         if args.dry_run:
             dry_run(args, table, jobs, tuned)
