@@ -312,6 +312,8 @@ def park_cells(root: Path) -> str:
     step 0 on every lent machine: three sim-eps2 cells at 1,160-1,600 steps were lost that way
     (2026-11-28). Committing the tar (light checkpoints, about 2 MB a cell) keeps them. A
     file over the returned-file limit (a full checkpoint, never a light one) is refused.
+    A checkpoint holds its noise generator's state: committed, it undoes the run's privacy,
+    acceptable only for the kit's public-data campaigns (docs/gpu.md).
     """
     cells_dir, dest = Path(root) / GPU_DIR / "cells", Path(root) / PARKED
     files = sorted(p for p in cells_dir.rglob("*") if p.is_file()) if cells_dir.is_dir() else []
