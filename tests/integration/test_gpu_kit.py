@@ -458,3 +458,14 @@ def test_cells_in_progress_are_parked_in_a_tracked_tar_and_come_back(tmp_path):
     assert (here / stage.PARKED).read_bytes() == first
     shutil.rmtree(here / ".gpu/cells")
     assert "removed" in stage.park_cells(here) and not (here / stage.PARKED).exists()
+
+
+def test_a_cell_s_gpu_overrides_are_keys_a_resume_may_change():
+    """A cell finished or parked on a GPU must be the same job to a CPU harness: each key the
+    kit may add (grads.microbatch=auto, ...) is one a resume may change, so it is neither
+    refused on resume nor set aside as stale (which happened to two finished cells)."""
+    from dpsub.training.checkpoint import may_change
+
+    assert all(may_change(k) for k in cells.CELL_OVERRIDE_KEYS)
+    for o in cells.check_cell_overrides(kit.Options(out=Path(".")).cell_overrides):
+        assert may_change(o.split("=", 1)[0])

@@ -387,6 +387,10 @@ def test_a_finished_run_whose_config_moved_is_stale_set_aside_and_run_again(tmp_
     (d / "summary.json").write_text("{}")
     job = tables.Job("t", "s", "tuned", {"mechanism": "dpsgd"}, 0, [], d)
     assert reproduce.status(job, cfg, []) == "done"
+    # a GPU cell runs at grads.microbatch=auto: how it computed, not what it released; a CPU
+    # harness once set such cells aside as stale and would have run them again for hours
+    on_gpu = compose_cfg("train.max_steps=2", "grads.microbatch=auto")
+    assert reproduce.status(job, on_gpu, []) == "done"
     moved = reproduce.status(job, compose_cfg("train.max_steps=2", "optim.lr=0.7"), [])
     assert moved == "stale:optim.lr"
     states = {d: moved}

@@ -58,6 +58,9 @@ RESUME_MAY_CHANGE = (
     "train.log_every",
     "train.checkpoint_every",
     "train.progress",
+    # how a batch's per-example work is cut into passes, never what is released (the GPU kit
+    # runs cells at grads.microbatch=auto; a CPU harness must not set them aside as stale)
+    "grads.microbatch",
     "logger",
     "eval",  # evaluations after training read the model; they release nothing of the run
 )

@@ -173,8 +173,8 @@ def restore_carried(job, root: Path) -> bool:
 
 
 #: keys a cell may be given on a GPU beside its table's overrides: how a run is computed,
-#: never what it releases (the micro-batch only cuts a batch's per-example work into passes;
-#: the others are in dpsub.training.checkpoint.RESUME_MAY_CHANGE)
+#: never what it releases; each is in dpsub.training.checkpoint.RESUME_MAY_CHANGE, so a cell
+#: finished (or parked) on a GPU is the same job to a CPU harness and resumes there
 CELL_OVERRIDE_KEYS = ("grads.microbatch", "train.eval_batch_size", "train.log_every")
 
 
