@@ -84,3 +84,15 @@ def test_the_hardware_line_names_where_the_runs_trained_when_not_the_renderer(tm
         "- hardware: the runs': 1 x cpu (hardware not recorded); "
         f"1 x Xeon, 16 cores; GPU: NVIDIA H200; torch 2; rendered on {here}"
     )
+    # the runs line said OMP_NUM_THREADS=1 over runs that had two threads
+    from dpsub.experiments.make_table import threads_note
+
+    assert threads_note(mixed) == threads_note(cpu) == "OMP_NUM_THREADS=1"
+    one = {
+        "paper": {"c": [run("e", "EPYC, 2 cores, 1 thread; GPU: none")]},
+        "tuned": {},
+        "tune": {},
+    }
+    assert threads_note(one) == "OMP_NUM_THREADS=1"
+    two = {**one, "tune": {"f": [run("f", "Xeon, 2 cores, 2 threads; GPU: none")]}}
+    assert threads_note(two) == "OMP_NUM_THREADS as each run's hardware entry below says"

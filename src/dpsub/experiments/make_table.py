@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -785,6 +786,15 @@ def hardware_line(found, rendered_on: str) -> str:
     return f"- hardware: the runs': {runs}; rendered on {rendered_on}"
 
 
+def threads_note(found) -> str:
+    """How many torch threads the runs had: one (the lanes' default; a record without a
+    thread count is one), else each run's own count, which the hardware line gives."""
+    counts = {re.search(r"(\d+) threads?\b", hw) for hw in runs_hardware(found)}
+    if {int(m.group(1)) if m else 1 for m in counts} <= {1}:
+        return "OMP_NUM_THREADS=1"
+    return "OMP_NUM_THREADS as each run's hardware entry below says"
+
+
 def runs_hardware(found) -> dict[str, int]:
     """Where the table's runs trained, from their own records: ``{hardware: runs}``."""
     return dict(Counter(run.hardware() for run in found_runs(found)))
@@ -826,7 +836,7 @@ def header(table, args, found, rec: dict) -> list[str]:
         "",
         *[line for note in rec.get("notes", []) for line in (f"> **Note.** {note}", "")],
         f"- commit: `{rec['commit']}`; rendered {rec['date']} (recorded in {PROVENANCE})",
-        f"- runs: `{cmd}` (OMP_NUM_THREADS=1), then `{how_to_run('make_table.py')} {table.name} "
+        f"- runs: `{cmd}` ({threads_note(found)}), then `{how_to_run('make_table.py')} {table.name} "
         f"--setting {args.setting}`",
         hardware_line(found, rec["hardware"]),
         f"- {n} runs, {hours:.2f} h of training wall-clock in total",
