@@ -789,8 +789,8 @@ def hardware_line(found, rendered_on: str) -> str:
 def threads_note(found) -> str:
     """How many torch threads the runs had: one (the lanes' default; a record without a
     thread count is one), else each run's own count, which the hardware line gives."""
-    counts = {re.search(r"(\d+) threads?\b", hw) for hw in runs_hardware(found)}
-    if {int(m.group(1)) if m else 1 for m in counts} <= {1}:
+    found_threads = (re.search(r"(\d+) threads?\b", hw) for hw in runs_hardware(found))
+    if {int(m.group(1)) if m else 1 for m in found_threads} <= {1}:
         return "OMP_NUM_THREADS=1"
     return "OMP_NUM_THREADS as each run's hardware entry below says"
 
