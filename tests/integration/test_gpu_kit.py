@@ -39,12 +39,24 @@ def test_bad_setup_is_one_line_and_exit_2(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--harvest" in r.stderr
     for bad, key in ((["--parallel", "0"], "--parallel"),
                      (["--cell-overrides", "mechanism.clip=5"], "--cell-overrides")):  # fmt: skip
-        r = gpu_run("--out", str(tmp_path / "o"), "--tiny", *bad)
+        r = gpu_run("--out", str(tmp_path / "o"), "--tiny", "--root", str(tmp_path / "r"), *bad)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and key in r.stderr, r.stderr
-        assert not (tmp_path / "o").exists()  # nothing written
+        assert not (tmp_path / "o").exists() and not (tmp_path / "r").exists()  # nothing written
     if not torch.cuda.is_available():  # the real (not tiny) check needs CUDA
         r = gpu_run("--out", str(tmp_path / "o"), "--steps", "check", "--root", str(tmp_path))
         assert r.returncode == 2 and "no CUDA device" in r.stderr.strip().splitlines()[-1]
+
+
+def test_tiny_toy_cells_never_land_in_the_repository(tmp_path):
+    """Without ``--root``, ``--tiny`` trains its toy cells in a scratch folder: a test run
+    under a mutant that let a bad set-up through once wrote them beside the committed tables."""
+    from dpsub.experiments import gpu_run as cli
+
+    a = cli.parse(["--tiny", "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w")])
+    assert cli.kit_root(a) == tmp_path / "w" / "tiny-root"
+    assert cli.kit_root(cli.parse(["--out", str(tmp_path / "o")])) == cli.ROOT  # a GPU run
+    assert cli.kit_root(cli.parse(["--tiny", "--root", str(tmp_path)])) == tmp_path
+    assert cli.kit_root(cli.parse(["--tiny", "--harvest", str(tmp_path)])) == cli.ROOT
 
 
 def test_three_cells_at_once_on_a_gpu_one_in_the_cpu_tests():

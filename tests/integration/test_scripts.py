@@ -206,3 +206,26 @@ def test_every_mutant_of_mutation_check_selects_a_test():
             assert any(w in n for w in words for n in names), (m.name, words)
         else:
             assert names, m.name
+
+
+def test_mutation_check_flags_a_mutant_run_that_writes_into_the_checkout(tmp_path, monkeypatch):
+    """A test run under a mutant must leave the checkout as it found it: new untracked files
+    (toy results beside the committed tables, once) make the mutant's verdict a failure."""
+    mod = _mutation_check()
+    (tmp_path / "code.py").write_text("SAFE = True\n")
+    (tmp_path / "test_leak.py").write_text(
+        "from pathlib import Path\n\n\ndef test_x():\n"
+        "    Path('leaked.json').write_text('{}')\n    assert False\n"
+    )
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "c"]):
+        subprocess.run(git + args, cwd=tmp_path, check=True, capture_output=True)
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+    m = mod.Mutant("leaky", "code.py", "SAFE = True", "SAFE = False", ("test_leak.py",))
+    verdict = mod.run_mutant(m)
+    assert verdict.startswith("LEFT 1 FILES") and "leaked.json" in verdict, verdict
+    assert (tmp_path / "code.py").read_text() == "SAFE = True\n"  # restored
+    (tmp_path / "test_leak.py").write_text("def test_x():\n    assert False\n")
+    subprocess.run(git + ["commit", "-qam", "d"], cwd=tmp_path, check=True, capture_output=True)
+    (tmp_path / "leaked.json").unlink()
+    assert mod.run_mutant(m) == "caught"

@@ -54,7 +54,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         f"{' '.join(kit.Options.cell_overrides)}; keys: "
                         f"{', '.join(cells.CELL_OVERRIDE_KEYS)})")  # fmt: skip
     p.add_argument("--interrupt-cells", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
+    p.add_argument("--root", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--stage", action="store_true", help="fill .gpu/ from the shared folder")
     p.add_argument("--shared", type=Path, default=None, help="shared folder (default ../shared)")
     p.add_argument("--carry", action="store_true", help="print what would travel and its size")
@@ -68,8 +68,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def kit_root(a: argparse.Namespace) -> Path:
+    """Where results/ and .gpu/ are: the repository, except that ``--tiny`` (toy cells on the
+    CPU) works in a scratch folder unless ``--root`` names one, so its toy runs can never land
+    beside the committed tables (they once did, through a test run under a mutant)."""
+    if a.root is not None:
+        return a.root
+    if a.tiny and not (a.stage or a.carry or a.slim or a.unslim or a.harvest):
+        return Path(a.work or Path(os.environ.get("TMPDIR", "/tmp")) / "dpsub-gpu") / "tiny-root"
+    return ROOT
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    a.root = kit_root(a)
     try:
         if a.stage:
             for s in stage.stage(a.root, a.shared):

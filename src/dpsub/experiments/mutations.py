@@ -11,7 +11,9 @@ part of the code::
     uv run python scripts/mutation_check.py --list     # what each mutant breaks
     uv run python scripts/mutation_check.py -k noise   # mutants whose name contains 'noise'
 
-Exit code 1 if any mutant survives (or no longer applies: the pattern moved).
+Exit code 1 if any mutant survives (or no longer applies: the pattern moved), or if a
+mutant's test run leaves new untracked files in the checkout (a run under a mutant once
+wrote toy results beside the committed tables, and they were committed).
 """
 
 from __future__ import annotations
@@ -771,17 +773,28 @@ MUTANTS = (
 )
 
 
+def untracked() -> set[str]:
+    """The checkout's untracked, not ignored files (a test under a mutant must add none)."""
+    cmd = ["git", "ls-files", "--others", "--exclude-standard"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    return set(proc.stdout.splitlines()) if proc.returncode == 0 else set()
+
+
 def run_mutant(m: Mutant) -> str:
     path = ROOT / m.file
     original = path.read_text()
     if m.old not in original:
         return "PATTERN MOVED"
+    before = untracked()
     try:
         path.write_text(original.replace(m.old, m.new, 1))
         cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:logging", *m.tests]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     finally:
         path.write_text(original)
+    left = sorted(untracked() - before)
+    if left:  # a mutant's run wrote into the checkout: it could be committed as a result
+        return f"LEFT {len(left)} FILES in the checkout (first: {left[0]})"
     return "caught" if proc.returncode == 1 else f"SURVIVED (pytest exit {proc.returncode})"
 
 
