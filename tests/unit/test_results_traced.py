@@ -14,6 +14,8 @@ A table that a script generates is checked by generating it again instead: a tab
 ``results/tables/<table>/<setting>/README.md`` must equal what ``scripts/make_table.py``
 renders from the runs beside it, and one of ``results/<study>/README.md`` (speed, rgp,
 dphero) what ``make_table.py --study <study>`` prints from ``results/<study>/runs``.
+A rendered table's README.md as a whole (header, hardware, run counts) must also be what
+``make_table.py --dry-run`` would write from its runs and recorded provenance now.
 
 A table with no files behind it is allowed only under an explicit marker on the line
 before it: ``<!-- historical: <why> -->`` (made by code or runs that are gone) or
@@ -197,3 +199,25 @@ def test_the_checker_catches_a_number_with_no_file(tmp_path):
     )
     [(_, _, text, marked)] = list(tables(readme))
     assert marked and sources(readme, text) == []
+
+
+RENDERED = sorted(p.parent for p in (ROOT / "results" / "tables").glob("*/*/README.md"))
+
+
+@pytest.mark.parametrize("folder", RENDERED, ids=[f"{p.parent.name}/{p.name}" for p in RENDERED])
+def test_a_rendered_table_is_current_with_its_runs(folder, capsys):
+    """The whole README (header, hardware, run counts and hours, notes, figures), not only its
+    tables: ``make_table.py --dry-run`` must find it unchanged, or it was not re-rendered after
+    its runs changed (a stale "runs:" line once passed the number checks above)."""
+    from dpsub.experiments import make_table
+
+    setting, *extra = folder.name.split("+")
+    root = str(folder.parents[1])
+    make_table.main([folder.parent.name, "--setting", setting, *extra, "--dry-run",
+                     "--runs", root, "--out", root])  # fmt: skip
+    said = capsys.readouterr().out
+    assert "README.md: unchanged" in said, (
+        f"{folder.relative_to(ROOT)}/README.md is not what its runs render now: "
+        f"python scripts/make_table.py {folder.parent.name} --setting {setting} "
+        f"{' '.join(extra)} ({said.strip().splitlines()[1:2]})"
+    )
