@@ -2,12 +2,16 @@
 
 The Python API (:mod:`dpsub.api`, docs/api.md): ``dpsub.make_private(model, optimizer,
 data, ...)``. It is imported on first use, so ``import dpsub.<light module>`` (the config
-validator) does not pay for torch.
+validator) does not pay for torch. The package is typed (``py.typed``): a type checker
+sees the API's signatures through the ``TYPE_CHECKING`` import below.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports it
+    from dpsub.api import BudgetExhausted, PrivateTraining, make_private
 
 __all__ = ["BudgetExhausted", "PrivateTraining", "make_private"]
 

@@ -33,6 +33,7 @@ def test_installed_package_carries_its_configs(installed: Path, tmp_path: Path) 
     pkg, conf = map(Path, _run(installed, "-c", code, cwd=tmp_path).split())
     assert installed.parent.parent in pkg.parents  # the venv's copy, not the checkout
     assert (pkg / "conf" / "config.yaml").is_file()
+    assert (pkg / "py.typed").is_file()  # PEP 561: type checkers read the API's annotations
     assert conf == pkg / "conf"
     groups = {p.name for p in (REPO / "conf").iterdir() if p.is_dir()}
     assert groups <= {p.name for p in conf.iterdir() if p.is_dir()}
@@ -53,6 +54,22 @@ def test_conf_dir_in_a_checkout_is_the_repository_conf() -> None:
     from dpsub.paths import conf_dir
 
     assert conf_dir() == REPO / "conf"
+
+
+def test_type_checkers_see_the_lazily_imported_api() -> None:
+    """``dpsub.make_private`` is imported on first use (``__getattr__``), which a type checker
+    cannot follow: the ``TYPE_CHECKING`` block must import every name of ``__all__``."""
+    import ast
+
+    import dpsub
+
+    tree = ast.parse((REPO / "src/dpsub/__init__.py").read_text())
+    guarded = next(
+        n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)
+    )
+    names = {a.name for n in guarded.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert names == set(dpsub.__all__)
+    assert (REPO / "src/dpsub/py.typed").is_file()
 
 
 def test_every_command_is_a_module_entry_point_with_a_script_wrapper() -> None:

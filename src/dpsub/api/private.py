@@ -17,6 +17,7 @@ from dpsub.grads import GradEngine, check_private_model
 from dpsub.grads.loss import LossFn, cross_entropy
 from dpsub.mechanisms import build_mechanism
 from dpsub.mechanisms.options import SPECS
+from dpsub.privacy import PrivacyLedger
 from dpsub.privacy.run_account import PrivacyAccount
 from dpsub.training.build import (
     Run,
@@ -154,7 +155,7 @@ class PrivateTraining:
         return self.run.z
 
     @property
-    def ledger(self):
+    def ledger(self) -> PrivacyLedger:
         """The honest privacy ledger (every step's multiplier and sample rate)."""
         return self.run.ledger
 
