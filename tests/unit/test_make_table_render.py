@@ -82,7 +82,7 @@ def test_the_hardware_line_names_where_the_runs_trained_when_not_the_renderer(tm
     mixed = {"paper": {"c": [run("c", None)]}, "tuned": {}, "tune": {"d": [gpu]}}
     assert hardware_line(mixed, here) == (
         "- hardware: the runs': 1 x cpu (hardware not recorded); "
-        f"1 x Xeon, 16 cores; GPU: NVIDIA H200; torch 2; rendered on {here}"
+        f"1 x Xeon, 16 cores; GPU: NVIDIA H200; torch 2; first rendered on {here}"
     )
     # the runs line said OMP_NUM_THREADS=1 over runs that had two threads
     from dpsub.experiments.make_table import threads_note

@@ -783,7 +783,7 @@ def hardware_line(found, rendered_on: str) -> str:
     if set(counts) <= {rendered_on, f"cpu {NOT_RECORDED}"}:
         return f"- hardware: {rendered_on}"
     runs = "; ".join(f"{n} x {hw}" for hw, n in Counter(counts).most_common())
-    return f"- hardware: the runs': {runs}; rendered on {rendered_on}"
+    return f"- hardware: the runs': {runs}; first rendered on {rendered_on}"
 
 
 def threads_note(found) -> str:
@@ -835,7 +835,8 @@ def header(table, args, found, rec: dict) -> list[str]:
         + (f" Overrides: `{extra}`." if extra else ""),
         "",
         *[line for note in rec.get("notes", []) for line in (f"> **Note.** {note}", "")],
-        f"- commit: `{rec['commit']}`; rendered {rec['date']} (recorded in {PROVENANCE})",
+        f"- commit: `{rec['commit']}`; first rendered {rec['date']} (recorded in {PROVENANCE}; "
+        "re-renders keep it)",
         f"- runs: `{cmd}` ({threads_note(found)}), then `{how_to_run('make_table.py')} {table.name} "
         f"--setting {args.setting}`",
         hardware_line(found, rec["hardware"]),
