@@ -4,6 +4,9 @@ evaluation, re-trained)."""
 
 from __future__ import annotations
 
+import warnings
+from collections import Counter
+
 from dpsub.rundir import RunDir
 from dpsub.training.build import build_run, train_step
 from dpsub.training.loop import evaluate
@@ -15,16 +18,25 @@ pytestmark = needs_shared
 
 
 def test_every_committed_epsilon_reproduces_exactly():
-    """Every committed training run whose data is here (~3 min on 2 cores)."""
-    cache, checked, failures = {}, 0, []
+    """Every committed training run whose data is here (~3 min on 2 cores; all 2,439 with
+    CIFAR-10's: 46 min at nice 19 beside a two-thread training lane; CIFAR-10's runs
+    only where ``DPSUB_DATA`` also holds the decoded ``cifar-10-batches-py``). The runs
+    skipped for want of their data are counted in a warning, never passed silently."""
+    cache, checked, failures, skipped = {}, 0, [], Counter()
     for run in training_runs():
         why = check_run(run, cache)
         if why is None:
             checked += 1
-        elif not why.startswith("skip"):
+        elif why.startswith("skip"):
+            skipped[run.config_dict()["dataset"]["name"]] += 1
+        else:
             failures.append(f"{run.path.relative_to(REPO)}: {why}")
     assert not failures, "\n".join(failures)
     assert checked >= 100
+    if skipped:
+        warnings.warn(
+            f"{checked} runs checked; skipped, their data not here: {dict(skipped)}", stacklevel=1
+        )
 
 
 def test_a_committed_seeded_run_reproduces():
