@@ -37,3 +37,12 @@ def test_the_layout_check_finds_a_stray_setting(tmp_path):
     (tmp_path / "gep1-mnist" / "tiny" / "paper").mkdir(parents=True)
     (tmp_path / "no-such-table").mkdir()
     assert stray_folders(tmp_path) == ["gep1-mnist/tiny", "no-such-table"]
+
+
+def test_no_rendered_table_prints_nan():
+    """An interval of a cell with one seed is left out, never rendered as ``[+nan, +nan]``
+    (the gains rule's difference row did, with K = 4's first seed)."""
+    import re
+
+    for readme in sorted((ROOT / "results" / "tables").glob("*/*/README.md")):
+        assert not re.search(r"\bnan\b", readme.read_text(), re.I), readme
