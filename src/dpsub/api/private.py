@@ -170,9 +170,10 @@ class PrivateTraining:
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Poisson batches ``(x, y)`` of the private data until the planned steps are done
         or the budget affords no more; release each with :meth:`backward` before the next."""
-        run = self.run
+        run, sampler = self.run, self.run.account.sampler
+        assert sampler is not None  # opened by make_private
         while run.step < run.total_steps and run.account.admit(run.step):
-            idx = run.account.sampler.sample()
+            idx = sampler.sample()
             self._drawn = (idx, run.data.train_x[idx], run.data.train_y[idx])
             yield self._drawn[1], self._drawn[2]
             if self._drawn is not None:
@@ -238,7 +239,7 @@ def _placement(model: nn.Module) -> tuple[torch.device, torch.dtype]:
 def _stacked(data: torch.utils.data.Dataset) -> tuple[Tensor, Tensor]:
     """A map-style dataset's (x, y) pairs stacked into two tensors, or a ValueError naming
     the first item that is not a tensor-like pair (e.g. a PIL image without a transform)."""
-    pairs = [data[i] for i in range(len(data))]
+    pairs = [data[i] for i in range(len(data))]  # type: ignore[arg-type]  # map-style: has len
     bad = next(
         (i for i, p in enumerate(pairs) if not (isinstance(p, tuple | list) and len(p) == 2)), None
     )
@@ -247,13 +248,14 @@ def _stacked(data: torch.utils.data.Dataset) -> tuple[Tensor, Tensor]:
             f"data: a Dataset's items must be (x, y) pairs; item {bad} is a {type(pairs[bad]).__name__}"
         )
     try:
-        return tuple(torch.stack([torch.as_tensor(p[j]) for p in pairs]) for j in (0, 1))
+        x, y = (torch.stack([torch.as_tensor(p[j]) for p in pairs]) for j in (0, 1))
     except (TypeError, RuntimeError, IndexError) as e:
         got = ", ".join(type(v).__name__ for v in pairs[0]) if pairs else "nothing"
         raise ValueError(
             f"data: a Dataset's items must be (x, y) pairs of tensors or numbers of one shape "
             f"(item 0 holds {got}; a torchvision dataset needs transform=ToTensor()): {e}"
         ) from None
+    return x, y
 
 
 def _tensors(data: Data, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -275,7 +277,8 @@ def _tensors(data: Data, device: torch.device, dtype: torch.dtype) -> tuple[Tens
                          f"{y.shape[0]}")  # fmt: skip
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
         raise ValueError("data: x holds NaN or inf")
-    return tuple(t.to(device, dtype) if t.is_floating_point() else t.to(device) for t in (x, y))
+    x, y = (t.to(device, dtype) if t.is_floating_point() else t.to(device) for t in (x, y))
+    return x, y
 
 
 def _planned_steps(steps, epochs, batch_size: int, n: int) -> int:

@@ -31,6 +31,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -44,6 +45,14 @@ from dpsub.grads.loss import LossFn, correct, cross_entropy, per_example
 from dpsub.privacy.noise import Sensitive
 
 Forward = Callable[[dict[str, Tensor], Tensor], Tensor]
+
+
+class _Views(Protocol):
+    """What the engine needs of ``train.augmult`` (``dpsub.data.augment.Augmult``)."""
+
+    k: int
+
+    def views(self, x: Tensor) -> Tensor: ...
 
 
 @dataclass
@@ -319,7 +328,7 @@ class GradEngine:
         self._vmapped: dict[tuple[int, int], Callable] = {}
         self.amp: torch.dtype | None = None  # train.amp: autocast dtype of forward/backward
         #: train.augmult: the private batch arrives as (b, K, *example) views (None: K = 1)
-        self.augmult = None
+        self.augmult: _Views | None = None
 
     def autocast(self, device: torch.device):
         """Autocast for computing gradients only (``train.amp``); clipping runs outside it."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from dpsub.errors import ConfigError, PrivacyError
 from dpsub.privacy.accountants import PrivacyLedger, PrivacyPlan, calibrate_plan, fixed_plan
 from dpsub.privacy.noise import NoiseRecord, effective_multiplier
-from dpsub.privacy.sampling import build_sampler, sample_rate
+from dpsub.privacy.sampling import PoissonSampler, ShuffleSampler, build_sampler, sample_rate
 from dpsub.privacy.simulate import Simulation
 
 __all__ = ["POLICIES", "REL_TOL", "PrivacyAccount"]
@@ -54,7 +54,7 @@ class PrivacyAccount:
     plan: PrivacyPlan | None
     ledger: PrivacyLedger | None  # what the run is charged (honest)
     nominal: PrivacyLedger | None  # measured / nominal policies: the planned multipliers
-    sampler: object | None = None
+    sampler: PoissonSampler | ShuffleSampler | None = None
     #: a noise-matched simulation (NOT a guarantee): z is its z_run, no budget is enforced
     simulation: Simulation | None = None
 
