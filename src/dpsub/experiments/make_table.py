@@ -426,10 +426,10 @@ def gains_lines(table, args, found, setting: str) -> list[str]:
         gains = [gain_row(table, c, axis, where, x0, x1, out)
                  for (_, c, where), (x0, x1) in zip(arms, vals, strict=True)]  # fmt: skip
         d = stats.difference_of_gains(vals[0][1], vals[0][0], vals[1][1], vals[1][0])
-        p = "n/a" if math.isnan(d.p) else f"{d.p:.2g}"
         ci = "" if math.isnan(d.lo) else f" [{d.lo:+.2f}, {d.hi:+.2f}]"  # none below 2 seeds
+        p = "" if math.isnan(d.p) else f"{d.p:.2g}: "  # the verdict says n/a below 2 seeds
         out.append(f"| difference of gains (row minus reference) | | | {d.diff:+.2f}{ci} "
-                   f"| {p}: **{d.verdict(*gains)}** |")  # fmt: skip
+                   f"| {p}**{d.verdict(*gains)}** |")  # fmt: skip
     if not out:
         return []
     head = [f"**Gains from {table.label(axis, v1)} over {table.label(axis, v0)}** ({variant}, "
