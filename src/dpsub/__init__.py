@@ -11,9 +11,25 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports it
-    from dpsub.api import BudgetExhausted, PrivateTraining, make_private
+    from dpsub.api import (
+        BudgetExhausted,
+        PrivateTraining,
+        Repetitions,
+        Selection,
+        make_private,
+        planned_rdp,
+        select_privately,
+    )
 
-__all__ = ["BudgetExhausted", "PrivateTraining", "make_private"]
+__all__ = [
+    "BudgetExhausted",
+    "PrivateTraining",
+    "Repetitions",
+    "Selection",
+    "make_private",
+    "planned_rdp",
+    "select_privately",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -18,5 +18,16 @@ reference.
 """
 
 from dpsub.api.private import BudgetExhausted, PrivateTraining, make_private
+from dpsub.api.selection import Selection, select_privately
+from dpsub.privacy.accountants import planned_rdp
+from dpsub.privacy.selection import Repetitions
 
-__all__ = ["BudgetExhausted", "PrivateTraining", "make_private"]
+__all__ = [
+    "BudgetExhausted",
+    "PrivateTraining",
+    "Repetitions",
+    "Selection",
+    "make_private",
+    "planned_rdp",
+    "select_privately",
+]

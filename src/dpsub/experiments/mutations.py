@@ -7,7 +7,7 @@ Ctrl-C), and reports whether the tests caught it. A mutant that survives means t
 suite has a gap. Run it from the repository root after changing a privacy-relevant
 part of the code::
 
-    uv run python scripts/mutation_check.py            # all 100 mutants (50 min at nice 19 beside a 2-thread training lane, 2 cores)
+    uv run python scripts/mutation_check.py            # all 106 mutants (50 min at nice 19 beside a 2-thread training lane, 2 cores)
     uv run python scripts/mutation_check.py --list     # what each mutant breaks
     uv run python scripts/mutation_check.py -k noise   # mutants whose name contains 'noise'
 
@@ -762,6 +762,48 @@ MUTANTS = (
         'check_resume(OmegaConf.to_container(OmegaConf.load(saved)), config, None, "")',
         "pass",
         ("tests/integration/test_pate_run.py", "-k", "other_settings"),
+    ),
+    Mutant(
+        "selection-run-over-its-bound-accepted",
+        "src/dpsub/api/selection.py",
+        "        _check_run(ledger, bound)\n",
+        "        pass\n",
+        ("tests/unit/test_selection.py", "-k", "over_its_declared_bound"),
+    ),
+    Mutant(
+        "selection-score-released-without-noise",
+        "src/dpsub/api/selection.py",
+        "score = float(correct) + score_sigma * normal()",
+        "score = float(correct)",
+        ("tests/unit/test_selection.py", "-k", "released_score"),
+    ),
+    Mutant(
+        "selection-score-noise-not-charged",
+        "src/dpsub/privacy/selection.py",
+        "base = np.asarray(run_rdp, dtype=np.float64) + gaussian_rdp(score_sigma, orders)",
+        "base = np.asarray(run_rdp, dtype=np.float64)",
+        ("tests/unit/test_selection.py", "-k", "costs_more"),
+    ),
+    Mutant(
+        "selection-tnb-without-log-mean",
+        "src/dpsub/privacy/selection.py",
+        "out[live] = r[live] + log_mean / (a[live] - 1) + const",
+        "out[live] = r[live] + const",
+        ("tests/unit/test_selection.py", "-k", "independent"),
+    ),
+    Mutant(
+        "selection-poisson-without-delta-hat",
+        "src/dpsub/privacy/selection.py",
+        "out[i] = r[i] + repetitions.mean * d_hat + log_mean / (a[i] - 1)",
+        "out[i] = r[i] + log_mean / (a[i] - 1)",
+        ("tests/unit/test_selection.py", "-k", "independent"),
+    ),
+    Mutant(
+        "selection-poisson-sampler-never-zero",
+        "src/dpsub/privacy/selection.py",
+        "k, cdf = (0, 0.0) if self.poisson else (1, 0.0)",
+        "k, cdf = (1, 0.0)",
+        ("tests/unit/test_selection.py", "-k", "sampler"),
     ),
     Mutant(
         "tune-extension-chosen-on-test-accuracy",

@@ -280,6 +280,12 @@ def _rdp_curve(z: float, q: float) -> np.ndarray:
     return _RDP_CACHE[key]
 
 
+def planned_rdp(noise_multiplier: float, sample_rate: float, steps: int) -> np.ndarray:
+    """The RDP curve (over ``DEFAULT_ORDERS``) of ``steps`` Poisson-subsampled Gaussian
+    steps: what a run at this plan spends, known before it starts."""
+    return _rdp_curve(float(noise_multiplier), float(sample_rate)) * int(steps)
+
+
 def _rdp_to_eps(rdp: np.ndarray, delta: float, orders=DEFAULT_ORDERS) -> float:
     if not np.any(rdp):
         return 0.0
@@ -371,6 +377,10 @@ class PrivacyLedger:
         return self._fits
 
     # ---------------------------------------------------------------- queries
+    def rdp(self) -> np.ndarray:
+        """The RDP curve of the steps so far, over ``DEFAULT_ORDERS`` (a copy)."""
+        return self._rdp.copy()
+
     def epsilon(self, exact: bool = True) -> float:
         """Epsilon spent so far (cached per step count): with the ledger's accountant, or
         with ``exact=False`` the running RDP estimate (microseconds; the same number
