@@ -165,14 +165,18 @@ def test_the_released_score_carries_noise_and_the_epsilon_covers_the_search():
     bound = dpsub.planned_rdp(1.0, 0.01, 100)
     counts = {"a": 40, "b": 42}
 
+    calls = []
+
     def train(c):
+        calls.append(c)
         return c.upper(), counts[c], _ledger(1.0, 0.01, 100)
 
     rep = Repetitions(4.0, 1.0)
     sel = dpsub.select_privately(
         list(counts), train, repetitions=rep, run_rdp=bound, score_sigma=5.0, delta=1e-5, seed=1
     )
-    assert sel.runs >= 1 and sel.result == sel.candidate.upper()
+    assert calls and sel.result == sel.candidate.upper()
+    assert not hasattr(sel, "runs")  # K is secret: published, the bound would not hold
     assert sel.score != counts[sel.candidate]  # noisy, not the private count
     assert sel.epsilon == selection_epsilon(bound, rep, 1e-5, 5.0)
 
@@ -183,7 +187,7 @@ def test_no_run_under_a_poisson_law_releases_nothing():
         [0], lambda c: calls.append(c), repetitions=Repetitions(1.0), run_rdp=np.zeros(len(ORDERS)),
         score_sigma=1.0, delta=1e-5, seed=3,
     )  # fmt: skip
-    assert sel.runs == 0 and sel.candidate is None and not calls
+    assert sel.candidate is None and sel.score is None and not calls
 
 
 def test_select_privately_around_make_private():
@@ -216,3 +220,12 @@ def test_the_cost_docs_api_states():
     run = dpsub.planned_rdp(1.0, 0.1, 50)
     assert round(dpsub.privacy.accountants.rdp_to_epsilon(run, 1e-5), 2) == 5.88
     assert round(selection_epsilon(run, Repetitions(5.0, 1.0), 1e-5, 10.0), 2) == 8.95
+
+
+def test_secure_selection_draws_from_the_os():
+    bound = dpsub.planned_rdp(1.0, 0.01, 10)
+    sel = dpsub.select_privately(
+        ["a", "b"], lambda c: (c, 5, _ledger(1.0, 0.01, 10)), repetitions=Repetitions(3.0, 1.0),
+        run_rdp=bound, score_sigma=2.0, delta=1e-5, secure=True,
+    )  # fmt: skip
+    assert sel.candidate in ("a", "b") and sel.score != 5

@@ -37,12 +37,13 @@ Train = Callable[[Any], tuple[Any, float, PrivacyLedger]]
 @dataclass(frozen=True)
 class Selection:
     """The released outcome: the best run's candidate, result and noisy score (all None
-    when K = 0, possible under a Poisson law), K, and the epsilon of the whole search."""
+    when K = 0, possible under a Poisson law) and the epsilon of the whole search. K is
+    not in it: the bound holds because K stays secret (published, K would leave the cost
+    of a fixed number of runs), and so do the other runs and their scores."""
 
     candidate: Any | None
     result: Any | None
     score: float | None
-    runs: int
     epsilon: float
     delta: float
 
@@ -81,7 +82,7 @@ def select_privately(
         if best is None or score > best[0]:
             best = (score, candidate, result)
     score, candidate, result = best if best is not None else (None, None, None)
-    return Selection(candidate, result, score, runs, epsilon, delta)
+    return Selection(candidate, result, score, epsilon, delta)
 
 
 def _check_run(ledger: PrivacyLedger, bound: np.ndarray) -> None:
