@@ -215,11 +215,15 @@ def test_select_privately_around_make_private():
 
 
 def test_the_cost_docs_api_states():
-    """docs/api.md's example: DP-SGD at z 1, q 0.1, 50 steps (epsilon 5.88 a run), mean 5
-    geometric repetitions, score noise 10: epsilon 8.95 for the whole search."""
+    """docs/api.md's figures: DP-SGD at z 1, q 0.1, 50 steps (epsilon 5.88 a run), score
+    noise 10, mean-5 repetitions; five runs and their scores composed."""
     run = dpsub.planned_rdp(1.0, 0.1, 50)
     assert round(dpsub.privacy.accountants.rdp_to_epsilon(run, 1e-5), 2) == 5.88
     assert round(selection_epsilon(run, Repetitions(5.0, 1.0), 1e-5, 10.0), 2) == 8.95
+    assert round(selection_epsilon(run, Repetitions(5.0, 0.0), 1e-5, 10.0), 2) == 8.24
+    assert round(selection_epsilon(run, Repetitions(5.0), 1e-5, 10.0), 2) == 8.55
+    grid = 5 * (run + gaussian_rdp(10.0))  # five runs and their scores, all released
+    assert round(dpsub.privacy.accountants.rdp_to_epsilon(grid, 1e-5), 2) == 12.42
 
 
 def test_secure_selection_draws_from_the_os():
