@@ -134,6 +134,17 @@ def test_selection_costs_more_than_one_run_and_its_score():
     assert selection_epsilon(run, rep, 1e-5, 2.0) > selection_epsilon(run, rep, 1e-5, 20.0)
 
 
+def test_bad_arguments_are_refused():
+    ok = dict(repetitions=Repetitions(2.0, 1.0), run_rdp=np.zeros(len(ORDERS)), delta=1e-5)
+    for bad, key in (
+        (dict(candidates=[]), "candidates"), (dict(delta=0.0), "delta"),
+        (dict(run_rdp=np.zeros(3)), "run_rdp"), (dict(score_sigma=0.0), "score_sigma"),
+    ):  # fmt: skip
+        args = {"candidates": [1], "score_sigma": 1.0, **ok, **bad}
+        with pytest.raises(ValueError, match=key):
+            dpsub.select_privately(args.pop("candidates"), lambda c: None, **args)
+
+
 def test_bad_laws_are_refused():
     for bad in (dict(mean=0.5), dict(mean=math.inf), dict(mean=5, shape=-1)):
         with pytest.raises(ValueError, match="repetitions"):

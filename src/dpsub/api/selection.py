@@ -67,6 +67,8 @@ def select_privately(
     the score noise from the operating system's randomness (``seed`` is then ignored)."""
     if not candidates:
         raise ValueError("candidates: give at least one")
+    if not 0 < delta < 1:
+        raise ValueError(f"delta: must be in (0, 1), got {delta}")
     bound = np.asarray(run_rdp, dtype=np.float64)
     if bound.shape != (len(DEFAULT_ORDERS),) or not np.all(bound >= 0):
         raise ValueError(f"run_rdp: {len(DEFAULT_ORDERS)} non-negative values (DEFAULT_ORDERS)")
