@@ -61,6 +61,9 @@ class DatasetSchema:
     synthetic: dict[str, Any] | None = None
     # N: tune on N examples held out of the private set, not on the test set
     validation_size: int | None = opt(None, ge=1)
+    # how the N are picked: class-balanced (the papers' tuning), or uniform: positions drawn
+    # by the seed alone, never the labels (what dpsub-select needs: docs/api.md)
+    validation_pick: str = opt("balanced", choices=("balanced", "uniform"))
     # your own data (dataset=npz / imagefolder; docs/usage.md "Your own data")
     path: str | None = None  # the .npz file, or the folder holding train/ and test/ (required)
     num_classes: int | None = opt(None, ge=2)  # npz: else its 'classes' array gives them
@@ -236,6 +239,9 @@ def _defaults(cls: type) -> dict[str, Any]:
     }
 
 
+_HELD_OUT = ("validation_size", "validation_pick")  # keys every dataset has
+
+
 def declared_defaults() -> dict[str, dict[str, dict[str, Any]]]:
     """Each option of the mechanism, dataset and aux groups: its keys with their declared
     defaults, ``name`` first. The one place these defaults are written is the declaration
@@ -249,7 +255,7 @@ def declared_defaults() -> dict[str, dict[str, dict[str, Any]]]:
     return {
         "mechanism": {n: {"name": n, **_defaults(s.options)} for n, s in SPECS.items()},
         "dataset": {
-            n: {"name": n, **{k: dataset[k] for k in (*s.options, "validation_size")}}
+            n: {"name": n, **{k: dataset[k] for k in (*s.options, *_HELD_OUT)}}
             for n, s in REGISTRY.items()
         },
         "aux": {n: {"name": n, **s.defaults} for n, s in AUX_SOURCES.items()},

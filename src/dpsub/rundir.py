@@ -31,12 +31,14 @@ from pathlib import Path
 
 __all__ = [
     "CHECKPOINT",
+    "FINGERPRINT_KEY",
     "LEDGER",
     "CONFIG",
     "LOG",
     "METRICS",
     "MIA",
     "VALIDATION",
+    "SELECTION",
     "SMALL_FILES",
     "SUMMARY",
     "RunDir",
@@ -60,6 +62,9 @@ CHECKPOINT = "checkpoint.pt"
 LEDGER = "ledger.json"  # the privacy ledger (secure mode: written before every release)
 VALIDATION = "validation.json"  # scripts/heldout_eval.py
 MIA = "mia.json"  # scripts/mia.py (the run is then not covered by its epsilon)
+SELECTION = "selection.json"  # dpsub-select: the kept run's record (dpsub/cli/select.py)
+#: the run's secret key of its data fingerprint (training/checkpoint.py): never published
+FINGERPRINT_KEY = "fingerprint.key"
 #: What a results folder keeps of a run (never the checkpoint).
 #: kept by a results folder: what the run did, its numbers, and the ledger its epsilon is
 #: recomputed from (the multiplier and sample rate of every step: public, a few hundred bytes)

@@ -584,3 +584,28 @@ def test_synthetic_normalization_comes_from_the_generator() -> None:
     assert b.train_x.mean().abs() < 0.02 and (b.train_x.std() - 1).abs() < 0.02
     noisier = load_dataset("synthetic", root="unused", synthetic={**opts, "noise": 2.0})
     assert all(n > s for n, s in zip(noisier.std, a.std, strict=True))
+
+
+def _labelled(y: torch.Tensor) -> DatasetBundle:
+    x = torch.arange(len(y), dtype=torch.float32).view(-1, 1, 1, 1)  # pixel = position
+    e = torch.zeros(0, 1, 1, 1)
+    return DatasetBundle("toy", x, y, e, torch.zeros(0, dtype=torch.long), 3, None, (0.0,), (1.0,))
+
+
+def test_a_uniform_validation_pick_depends_on_the_seed_alone_never_the_labels():
+    """dpsub-select needs a held-out part fixed before the data are read: relabelling the
+    examples must not move a single one in or out of it (a balanced pick does)."""
+    from dpsub.data.validation import carve_validation
+
+    g = torch.Generator().manual_seed(1)
+    y1, y2 = torch.randint(0, 3, (300,), generator=g), torch.randint(0, 3, (300,), generator=g)
+
+    def held(y, pick):
+        return carve_validation(_labelled(y), 60, seed=4, pick=pick).test_x.flatten().tolist()
+
+    assert held(y1, "uniform") == held(y2, "uniform")
+    assert held(y1, "balanced") != held(y2, "balanced")
+    assert (
+        held(y1, "uniform")
+        != carve_validation(_labelled(y1), 60, 5, "uniform").test_x.flatten().tolist()
+    )

@@ -29,7 +29,7 @@ from dpsub.data.datasets import _subset_indices  # the trainer's own subset
 from dpsub.data.subsets import balanced_pick
 from dpsub.models import build_model
 from dpsub.rundir import CHECKPOINT, CONFIG, VALIDATION
-from dpsub.training.checkpoint import data_fingerprint, load_checkpoint
+from dpsub.training.checkpoint import fingerprint_matches, load_checkpoint
 from dpsub.training.loop import evaluate
 
 
@@ -42,7 +42,7 @@ from dpsub.training.ema import released_state  # noqa: E402
 
 
 def heldout(cfg, val_size: int, val_seed: int, cache: dict):
-    """(x, y, number of classes, fingerprint of the trained-on subset) for the run's config."""
+    """(x, y, number of classes, the trained-on subset ``(x, y)``) for the run's config."""
     d = typed_group("dataset", cfg.dataset)  # a saved config's, with the schema's defaults
     if d.train_size is None:
         fail(f"dataset.train_size is not set in {cfg.out_dir}: no held-out training images")
@@ -56,8 +56,12 @@ def heldout(cfg, val_size: int, val_seed: int, cache: dict):
     rest = mask.nonzero().flatten()
     g = torch.Generator().manual_seed(val_seed)
     val = rest[balanced_pick(full.train_y[rest], val_size, full.num_classes, g)]
-    fp = data_fingerprint(full.train_x[idx], full.train_y[idx])
-    return full.train_x[val], full.train_y[val], full.num_classes, fp
+    return (
+        full.train_x[val],
+        full.train_y[val],
+        full.num_classes,
+        (full.train_x[idx], full.train_y[idx]),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             fail(f"{run}: needs {CONFIG} and {CHECKPOINT} (a finished run dir)")
         cfg = OmegaConf.load(run / CONFIG)
         ckpt = load_checkpoint(run)
-        x, y, num_classes, fp = heldout(cfg, args.val_size, args.val_seed, cache)
-        if ckpt.get("data_fingerprint") != fp:
+        x, y, num_classes, trained = heldout(cfg, args.val_size, args.val_seed, cache)
+        if not fingerprint_matches(ckpt, run, *trained):
             fail(f"{run}: the recomputed training subset is not the one the run trained on")
         mcfg = OmegaConf.to_container(cfg.model, resolve=True)
         model = build_model(mcfg.pop("name"), tuple(x.shape[1:]), num_classes, **mcfg)

@@ -7,7 +7,7 @@ Ctrl-C), and reports whether the tests caught it. A mutant that survives means t
 suite has a gap. Run it from the repository root after changing a privacy-relevant
 part of the code::
 
-    uv run python scripts/mutation_check.py            # all 106 mutants (100 of them: 50 min at nice 19 beside a 2-thread lane, 2 cores)
+    uv run python scripts/mutation_check.py            # all 114 mutants (100 of them: 50 min at nice 19 beside a 2-thread lane, 2 cores)
     uv run python scripts/mutation_check.py --list     # what each mutant breaks
     uv run python scripts/mutation_check.py -k noise   # mutants whose name contains 'noise'
 
@@ -804,6 +804,67 @@ MUTANTS = (
         "k, cdf = (0, 0.0) if self.poisson else (1, 0.0)",
         "k, cdf = (1, 0.0)",
         ("tests/unit/test_selection.py", "-k", "sampler"),
+    ),
+    Mutant(
+        "select-search-folder-kept",
+        "src/dpsub/cli/select.py",
+        "    shutil.rmtree(scratch, ignore_errors=True)\n    record = {",
+        "    record = {",
+        ("tests/integration/test_select_cli.py", "-k", "keeps_the_best"),
+    ),
+    Mutant(
+        "select-runs-print-to-the-console",
+        "src/dpsub/cli/select.py",
+        "propagate, log.propagate = log.propagate, False",
+        "propagate = log.propagate",
+        ("tests/integration/test_select_cli.py", "-k", "keeps_the_best"),
+    ),
+    Mutant(
+        "select-seed-counts-the-runs",
+        "src/dpsub/cli/select.py",
+        "s = _with(by_key[cand], seed=next(seeds), out_dir=str(args.out))",
+        "s = _with(by_key[cand], seed=int(run_dir.name), out_dir=str(args.out))",
+        ("tests/integration/test_select_cli.py", "-k", "keeps_the_best"),
+    ),
+    Mutant(
+        "select-bound-of-the-first-candidate",
+        "src/dpsub/cli/select.py",
+        "return settings, np.max(curves, axis=0), repetitions",
+        "return settings, curves[0], repetitions",
+        ("tests/integration/test_select_cli.py", "-k", "largest_plan"),
+    ),
+    Mutant(
+        "select-non-poisson-sampling-accepted",
+        "src/dpsub/cli/select.py",
+        '("privacy.sampling", p.sampling != "poisson"),',
+        '("privacy.sampling", False),',
+        ("tests/integration/test_select_cli.py", "-k", "mistake"),
+    ),
+    Mutant(
+        "validation-pick-uniform-reads-the-labels",
+        "src/dpsub/data/validation.py",
+        'random_pick(n, size, g) if pick == "uniform"',
+        'random_pick(n, size, g) if pick == "never"',
+        ("tests/unit/test_data.py", "-k", "uniform_validation"),
+    ),
+    Mutant(
+        "checkpoint-fingerprint-unkeyed",
+        "src/dpsub/training/checkpoint.py",
+        "h = hmac.new(key, digestmod=hashlib.sha256) if key is not None else hashlib.sha256()",
+        "h = hashlib.sha256()",
+        (
+            "tests/integration/test_fingerprint_key.py",
+            "tests/integration/test_select_cli.py",
+            "-k",
+            "secret_key or plain_hash",
+        ),
+    ),
+    Mutant(
+        "resume-without-the-fingerprint-key-accepted",
+        "src/dpsub/training/loop.py",
+        'if ckpt.get("data_fingerprint_keyed") and fingerprint_key(run_dir) is None:',
+        "if False:",
+        ("tests/integration/test_fingerprint_key.py", "-k", "without_the_key"),
     ),
     Mutant(
         "tune-extension-chosen-on-test-accuracy",

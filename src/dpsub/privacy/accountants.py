@@ -227,6 +227,14 @@ class PrivacyPlan:
     def history(self) -> list[tuple[float, float, int]]:
         return [tuple(p) for p in self.phases]
 
+    def rdp(self) -> np.ndarray:
+        """The RDP curve over ``DEFAULT_ORDERS`` of every planned step: what a run charged
+        its plan spends at most, known before it starts."""
+        return sum(
+            (planned_rdp(z, q, n) for z, q, n in _private(self.phases)),
+            np.zeros(len(DEFAULT_ORDERS)),
+        )
+
 
 def _schedule_history(z: float, q: float, phases) -> list[tuple[float, float, int]]:
     return [(p.scale * z, q, p.steps) for p in phases if p.steps > 0]

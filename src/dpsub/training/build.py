@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -176,7 +177,8 @@ def private_data(
     data = load_data(s) if data is None else data
     aux, data = build_aux(s.aux, data, root=s.data.root, seed=s.seed)
     if s.dataset.validation_size:  # tuning: evaluate on held-out private examples
-        data = carve_validation(data, int(s.dataset.validation_size), s.seed)
+        d = s.dataset
+        data = carve_validation(data, int(d.validation_size), s.seed, d.validation_pick)
     return aux, data
 
 
@@ -204,6 +206,21 @@ def _account(s: Settings, mechanism: Mechanism, n: int, steps: int, uniform, dev
         accountant=p.accountant, noise_multiplier=p.noise_multiplier,
         sampling=p.sampling, uniform=uniform, device=device, simulation=sim,
     )  # fmt: skip
+
+
+def planned_run_rdp(s: Settings, n: int) -> np.ndarray | None:
+    """The RDP curve the plan of a run of ``s`` over ``n`` private examples charges (None:
+    non-private), from the config alone, before anything trains (``dpsub-select`` bounds
+    every run by it). A planned-policy run is charged exactly its plan, step by step."""
+    mechanism = build_mechanism(s.mechanism_name, s.mechanism)
+    _, steps = plan_steps(s, n)
+    account = _account(s, mechanism, n, steps, uniform=None, device=None)
+    if account.plan is not None and (account.simulation or not account.charges_plan):
+        raise ConfigError(
+            f"{s.mechanism_name}: its charge is not known before it runs (a simulated noise "
+            "level, or accounting by the noise measured)"
+        )
+    return None if account.plan is None else account.plan.rdp()
 
 
 def build_run(
@@ -424,14 +441,14 @@ def load_finished_run(run_dir, data_root: str | None = None) -> Run:
     rebuilding the run.
     """
     from dpsub.rundir import CHECKPOINT, CONFIG, RunDir, RunError
-    from dpsub.training.checkpoint import data_fingerprint, load_checkpoint
+    from dpsub.training.checkpoint import fingerprint_matches, load_checkpoint
 
     rd = RunDir(run_dir)
     rd.require(CONFIG, CHECKPOINT)
     run = build_run(rd.config_on(data_root) if data_root else rd.config())
     ckpt = load_checkpoint(rd.path, map_location=run.device)
     fp = ckpt.get("data_fingerprint")
-    if fp is not None and fp != data_fingerprint(run.data.train_x, run.data.train_y):
+    if fingerprint_matches(ckpt, rd.path, run.data.train_x, run.data.train_y) is False:
         raise RunError(
             f"{rd.path}: the rebuilt private training set differs from the one the run trained "
             "on (data fingerprint mismatch); check --data-root"

@@ -2,7 +2,10 @@
 
 A checkpoint holds the model, optimizer and schedule, the step, the privacy
 ledger(s), the mechanism's state, the seeded random generators, the run's resolved
-config and a fingerprint of its private training set.
+config and a fingerprint of its private training set: an HMAC under a random key kept
+beside it (``fingerprint.key``), so that a checkpoint shared without that file says nothing
+about the data (a plain hash would let anyone holding all candidate datasets but one
+example's test which example it was).
 
 Resuming (``privacy.rng=seeded``, the research mode): every generator is restored,
 so the steps between the last checkpoint and a crash are *replayed* with the same
@@ -27,13 +30,15 @@ lock when the process ends, also on ``kill -9``.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpsub.errors import ResumeError, RunDirInUse
-from dpsub.rundir import CHECKPOINT, LEDGER
+from dpsub.rundir import CHECKPOINT, FINGERPRINT_KEY, LEDGER
 
 if TYPE_CHECKING:  # torch and the accountant are imported where used: resume checks stay light
     import torch
@@ -163,13 +168,42 @@ def load_checkpoint(run_dir: Path, map_location="cpu") -> dict | None:
     return torch.load(path, map_location=map_location, weights_only=False)
 
 
-def data_fingerprint(x: torch.Tensor, y: torch.Tensor) -> str:
-    """SHA-256 of the private training set as trained on (shape, pixels, labels)."""
-    h = hashlib.sha256()
+def data_fingerprint(x: torch.Tensor, y: torch.Tensor, key: bytes | None = None) -> str:
+    """The private training set as trained on (shape, pixels, labels): HMAC-SHA256 under
+    the run's secret ``key`` (:func:`fingerprint_key`); without one the plain SHA-256 that
+    checkpoints held before 2026-11-29 (they are still checked against it)."""
+    h = hmac.new(key, digestmod=hashlib.sha256) if key is not None else hashlib.sha256()
     h.update(repr((tuple(x.shape), tuple(y.shape))).encode())
     h.update(x.detach().cpu().contiguous().numpy().tobytes())
     h.update(y.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def fingerprint_key(run_dir: Path, create: bool = False) -> bytes | None:
+    """The run's secret fingerprint key (``<run_dir>/fingerprint.key``); None when absent,
+    unless ``create``: then 32 random bytes from the OS, written (owner-only) first."""
+    path = Path(run_dir) / FINGERPRINT_KEY
+    if path.is_file():
+        return bytes.fromhex(path.read_text().strip())
+    if not create:
+        return None
+    key = secrets.token_bytes(32)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key.hex() + "\n")
+    os.replace(tmp, path)
+    return key
+
+
+def fingerprint_matches(ckpt: dict, run_dir: Path, x, y) -> bool | None:
+    """Whether the checkpoint's fingerprint is that of ``(x, y)``; None when it cannot say
+    (no fingerprint, or a keyed one whose key file is not beside it)."""
+    saved = ckpt.get("data_fingerprint")
+    key = fingerprint_key(run_dir)
+    if saved is None or (ckpt.get("data_fingerprint_keyed") and key is None):
+        return None
+    return hmac.compare_digest(saved, data_fingerprint(x, y, key))
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:

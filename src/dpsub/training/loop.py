@@ -41,6 +41,7 @@ from dpsub.privacy import epsilon_for
 from dpsub.rundir import (
     CHECKPOINT,
     CONFIG,
+    FINGERPRINT_KEY,
     LOG,
     MIA,
     RunDir,
@@ -53,6 +54,7 @@ from dpsub.training.checkpoint import (
     LEDGER_NAME,
     check_resume,
     data_fingerprint,
+    fingerprint_key,
     journal_ledger,
     load_checkpoint,
     lock_run_dir,
@@ -242,6 +244,11 @@ def _restore(run: Run, cfg: DictConfig, run_dir: Path, ckpt: dict | None) -> Non
         saved = OmegaConf.to_container(OmegaConf.load(run_dir / CONFIG))
         check_resume(saved, resolved, None, run.fingerprint)
         return
+    if ckpt.get("data_fingerprint_keyed") and fingerprint_key(run_dir) is None:
+        raise ResumeError(
+            f"resume: {run_dir / FINGERPRINT_KEY} is missing: without the run's key its "
+            "checkpoint cannot be checked against the private training set"
+        )
     check_resume(ckpt["config"], resolved, ckpt.get("data_fingerprint"), run.fingerprint)
     load_run_state(run, ckpt["state"])
 
@@ -252,7 +259,8 @@ def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> 
 
     Returns the lines to log once ``train.log`` is attached (the resume marker)."""
     ckpt = load_checkpoint(run_dir, map_location=run.device)
-    run.fingerprint = data_fingerprint(run.data.train_x, run.data.train_y)
+    key = fingerprint_key(run_dir)  # None: a new run (its first checkpoint makes one)
+    run.fingerprint = data_fingerprint(run.data.train_x, run.data.train_y, key)
     started = run.dist.broadcast_object(RunDir(run_dir).started)  # rank 0's view, before it writes
     if not resume:
         if started:
@@ -432,6 +440,7 @@ class _Saver:
         self.run, self.run_dir, self.resolved = run, run_dir, resolved
         self.start, self.seconds_before = time.perf_counter(), run.run_seconds
         self.cpu_start, self.cpu_before = time.process_time(), run.cpu_seconds
+        self.keyed = False  # run.fingerprint is under the key on disk (first checkpoint)
 
     def tick(self) -> None:
         self.run.run_seconds = self.seconds_before + time.perf_counter() - self.start
@@ -443,10 +452,14 @@ class _Saver:
         if not run.dist.main:
             return
         state = {**run_state(run), "clean": clean}
-        save_checkpoint(
-            self.run_dir,
-            {"state": state, "config": self.resolved, "data_fingerprint": run.fingerprint},
-        )
+        if not self.keyed:  # the run's secret key, before the first checkpoint that uses it
+            key = fingerprint_key(self.run_dir, create=True)
+            run.fingerprint = data_fingerprint(run.data.train_x, run.data.train_y, key)
+            self.keyed = True
+        save_checkpoint(self.run_dir, {
+            "state": state, "config": self.resolved,
+            "data_fingerprint": run.fingerprint, "data_fingerprint_keyed": True,
+        })  # fmt: skip
         if run.ledger is not None and not run.secure:
             run.ledger.save(self.run_dir / LEDGER_NAME)
 
