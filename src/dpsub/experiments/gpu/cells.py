@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpsub.experiments.gpu.stage import GPU_DIR, OUT_MAX_FILE, MiB
-from dpsub.rundir import RunDir
+from dpsub.rundir import FINGERPRINT_KEY, RunDir
 
 EPSILON_ORDER = (8, 2, 5)
 MECHANISM_ORDER = ("dpsgd", "gep", "bgep")
@@ -487,7 +487,7 @@ def harvest_cells(tar_path: Path, root: Path, ckpt_tar: Path | None = None) -> l
                 dest = root / GPU_DIR / "conflicts" / d
             shutil.rmtree(root / GPU_DIR / "cells" / d, ignore_errors=True)  # older state
             for m in members:
-                if Path(m.name).parent != d or (done and Path(m.name).name == CKPT):
+                if Path(m.name).parent != d or (done and Path(m.name).name in (CKPT, FINGERPRINT_KEY)):
                     continue
                 dest.mkdir(parents=True, exist_ok=True)
                 with tar.extractfile(m) as src, open(dest / Path(m.name).name, "wb") as out:
