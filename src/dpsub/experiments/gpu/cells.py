@@ -487,7 +487,9 @@ def harvest_cells(tar_path: Path, root: Path, ckpt_tar: Path | None = None) -> l
                 dest = root / GPU_DIR / "conflicts" / d
             shutil.rmtree(root / GPU_DIR / "cells" / d, ignore_errors=True)  # older state
             for m in members:
-                if Path(m.name).parent != d or (done and Path(m.name).name in (CKPT, FINGERPRINT_KEY)):
+                if Path(m.name).parent != d or (
+                    done and Path(m.name).name in (CKPT, FINGERPRINT_KEY)
+                ):
                     continue
                 dest.mkdir(parents=True, exist_ok=True)
                 with tar.extractfile(m) as src, open(dest / Path(m.name).name, "wb") as out:
