@@ -60,8 +60,12 @@ def test_a_checkpoint_from_before_the_keys_resumes_and_is_keyed_after(tmp_path):
     ckpt["data_fingerprint"] = data_fingerprint(data.train_x, data.train_y)  # the old plain one
     del ckpt["data_fingerprint_keyed"]
     torch.save(ckpt, run_dir / "checkpoint.pt")
-    (run_dir / FINGERPRINT_KEY).unlink()
-    train(cfg, run_dir, resume=True)
+    assert fingerprint_matches(ckpt, run_dir, data.train_x, data.train_y) is True
+    train(cfg, run_dir, resume=True)  # its key file may be there (a crash before the save)
     after = _ckpt(run_dir)
     assert after["data_fingerprint_keyed"] is True and (run_dir / FINGERPRINT_KEY).is_file()
     assert after["data_fingerprint"] != ckpt["data_fingerprint"]
+    (run_dir / FINGERPRINT_KEY).unlink()  # and without the key file at all
+    torch.save(ckpt, run_dir / "checkpoint.pt")
+    train(cfg, run_dir, resume=True)
+    assert _ckpt(run_dir)["data_fingerprint_keyed"] is True

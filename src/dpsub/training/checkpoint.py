@@ -199,9 +199,9 @@ def fingerprint_key(run_dir: Path, create: bool = False) -> bytes | None:
 def fingerprint_matches(ckpt: dict, run_dir: Path, x, y) -> bool | None:
     """Whether the checkpoint's fingerprint is that of ``(x, y)``; None when it cannot say
     (no fingerprint, or a keyed one whose key file is not beside it)."""
-    saved = ckpt.get("data_fingerprint")
-    key = fingerprint_key(run_dir)
-    if saved is None or (ckpt.get("data_fingerprint_keyed") and key is None):
+    saved, keyed = ckpt.get("data_fingerprint"), bool(ckpt.get("data_fingerprint_keyed"))
+    key = fingerprint_key(run_dir) if keyed else None  # (an unkeyed one: a plain SHA-256)
+    if saved is None or (keyed and key is None):
         return None
     return hmac.compare_digest(saved, data_fingerprint(x, y, key))
 
