@@ -196,12 +196,19 @@ def fingerprint_key(run_dir: Path, create: bool = False) -> bytes | None:
     return key
 
 
+def key_of(ckpt: dict | None, run_dir: Path) -> bytes | None:
+    """The key a checkpoint's fingerprint was made with: the run's, or None for a plain
+    SHA-256 (a checkpoint from before the keys, even with a key file a crash left beside
+    it) and for no checkpoint."""
+    keyed = ckpt is not None and ckpt.get("data_fingerprint_keyed")
+    return fingerprint_key(run_dir) if keyed else None
+
+
 def fingerprint_matches(ckpt: dict, run_dir: Path, x, y) -> bool | None:
     """Whether the checkpoint's fingerprint is that of ``(x, y)``; None when it cannot say
     (no fingerprint, or a keyed one whose key file is not beside it)."""
-    saved, keyed = ckpt.get("data_fingerprint"), bool(ckpt.get("data_fingerprint_keyed"))
-    key = fingerprint_key(run_dir) if keyed else None  # (an unkeyed one: a plain SHA-256)
-    if saved is None or (keyed and key is None):
+    saved, key = ckpt.get("data_fingerprint"), key_of(ckpt, run_dir)
+    if saved is None or (ckpt.get("data_fingerprint_keyed") and key is None):
         return None
     return hmac.compare_digest(saved, data_fingerprint(x, y, key))
 

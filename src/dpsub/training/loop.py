@@ -56,6 +56,7 @@ from dpsub.training.checkpoint import (
     data_fingerprint,
     fingerprint_key,
     journal_ledger,
+    key_of,
     load_checkpoint,
     lock_run_dir,
     save_checkpoint,
@@ -259,9 +260,7 @@ def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> 
 
     Returns the lines to log once ``train.log`` is attached (the resume marker)."""
     ckpt = load_checkpoint(run_dir, map_location=run.device)
-    key = fingerprint_key(run_dir)  # None: a new run (its first checkpoint makes one)
-    if ckpt is not None and not ckpt.get("data_fingerprint_keyed"):
-        key = None  # a checkpoint from before the keys (or one a crash left before its key)
+    key = key_of(ckpt, run_dir)  # None: a new run (its first checkpoint makes one)
     run.fingerprint = data_fingerprint(run.data.train_x, run.data.train_y, key)
     started = run.dist.broadcast_object(RunDir(run_dir).started)  # rank 0's view, before it writes
     if not resume:
