@@ -400,6 +400,31 @@ def test_a_finished_run_whose_config_moved_is_stale_set_aside_and_run_again(tmp_
     assert len(kept) == 1  # nothing lost
 
 
+def test_a_run_made_before_a_key_existed_is_done_and_a_stale_one_shows_why(tmp_path, capsys):
+    """A finished run saved before ``dataset.validation_pick`` existed (default ``balanced``,
+    what it ran with) is done, not stale; the dry run names a stale run's changed keys and
+    counts it as still to run (it runs again)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    reproduce = load_script("reproduce")
+    cfg = compose_cfg("train.max_steps=2")
+    old = OmegaConf.to_container(cfg, resolve=True)
+    del old["dataset"]["validation_pick"]
+    d = tmp_path / "tuned" / "mechanism=dpsgd,seed=0"
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump(old))
+    (d / "summary.json").write_text("{}")
+    job = tables.Job("t", "s", "tuned", {"mechanism": "dpsgd"}, 0, [], d)
+    assert reproduce.status(job, cfg, []) == "done"
+    uniform = compose_cfg("train.max_steps=2", "dataset.validation_pick=uniform")
+    assert reproduce.status(job, uniform, []) == "stale:dataset.validation_pick"
+    row = {"job": job, "sec": 60.0, "steps": 2, "why": "", "step_s": 30.0, "n": 10}
+    reproduce.print_grid([row], {d: "stale:dataset.validation_pick"}, 0.1)
+    out = capsys.readouterr().out
+    assert "| stale (dataset.validation_pick) |" in out and "still to run: 1m00s CPU" in out
+
+
 def test_table6_m2000_reduced_is_table5_imagenet_reduced():
     """The reduced Table 6's m = 2000 cell reuses Table 5's ImageNet row: the two configs must
     be one run (reproduce.py links a finished run whose config equals a job's)."""

@@ -873,6 +873,18 @@ MUTANTS = (
         'scores = [read_summary(j.dir).get("test_accuracy", -math.inf) for j in jobs]',
         ("tests/integration/test_gpu_kit.py", "-k", "extends_its_edge"),
     ),
+    Mutant(
+        "resume-accepts-any-value-of-a-key-added-later",
+        "src/dpsub/training/checkpoint.py",
+        "return other is _ABSENT or other == ADDED_LATER[key]",
+        "return True",
+        (
+            "tests/unit/test_added_later.py",
+            "tests/integration/test_tables.py",
+            "-k",
+            "old_behaviour or before_a_key",
+        ),  # fmt: skip
+    ),
 )
 
 

@@ -217,17 +217,18 @@ def print_grid(rows, states, gpu_factor: float) -> None:
     todo_s, reasons = 0.0, {}
     for r in rows:
         j, st = r["job"], states[r["job"].dir]
-        pending = st in ("todo", "resume", "after tuning")
+        pending = st in ("todo", "resume", "after tuning") or st.startswith("stale:")
         left = r["sec"] * left_fraction(j, r["steps"]) if st == "resume" else r["sec"]
         todo_s += left if pending and math.isfinite(left) else 0.0
         st = f"resume@{steps_logged(j)}" if st == "resume" else st
+        st = f"stale ({st[6:]})" if st.startswith("stale:") else st.split(":")[0]
         note = ""
         if r["why"]:
             note = f" [{reasons.setdefault(r['why'], len(reasons) + 1)}]"
         step = f"{r['step_s']:.2f}" if math.isfinite(r["step_s"]) else "?"
         n = r["n"] if isinstance(r["n"], int) else "?"
         say(
-            f"| {j.variant} | {j.name} | {st.split(':')[0]} | {n} | {r['steps'] or '?'} "
+            f"| {j.variant} | {j.name} | {st} | {n} | {r['steps'] or '?'} "
             f"| {step} | {costs.hms(r['sec'])}{note} |" + f" {costs.hms(r['sec'] * gpu_factor)} |"
         )
     for why, i in reasons.items():
