@@ -98,3 +98,11 @@ def test_no_committed_run_lacks_a_key_whose_default_would_change_it():
         "keys that committed runs lack and whose default is not off; add each to "
         f"checkpoint.ADDED_LATER with the value those runs ran with: {missing}"
     )
+
+
+def test_where_features_are_cached_is_not_a_change():
+    """The feature cache is keyed by its inputs: a run made with DPSUB_CACHE set elsewhere is
+    the same run (the harness once found 600 committed feature runs stale by it)."""
+    a, b = {"features": {"cache_dir": "/a/cache"}}, {"features": {"cache_dir": "outputs/cache"}}
+    assert changed_keys(a, b) == []
+    assert changed_keys(a, {"features": {"cache_dir": "x", "norm": "public"}}) == ["features.norm"]

@@ -57,6 +57,7 @@ RESUME_MAY_CHANGE = (
     "run_name",
     "data.root",  # the training data itself is checked by its fingerprint
     "data.download",
+    "features.cache_dir",  # where extracted features are kept, by a key of their inputs
     "train.eval_every",
     "train.eval_batch_size",
     "train.ema_eval",  # what is evaluated, not what is trained
