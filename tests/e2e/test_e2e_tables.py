@@ -58,6 +58,34 @@ def test_reproduce_skips_finished_jobs_and_reuses_identical_ones(tiny):
         assert link.is_symlink() == (pick["lr"] == 1.0)
 
 
+def test_private_tune_searches_each_cell_and_seed_and_make_table_renders_them(tmp_path):
+    """Real dpsub-select searches over the tiny table's tuning grid: one per cell and seed,
+    each keeping its record and the kept run's small files, none left half way; a second
+    command skips them; the rendered table shows their rows with the searches' epsilon."""
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    args = (spec, "--setting", "tiny", "--out", tmp_path / "runs", "--private-tune",
+            "--skip-paper", "--select-mean", "2", "--select-sigma", "5", "--only",
+            "mechanism=dpsgd", "train.progress=false")  # fmt: skip
+    proc = script("reproduce", *args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    base = tmp_path / "runs" / "tiny" / "tiny" / "private"
+    for seed in (0, 1):
+        d = base / f"mechanism=dpsgd,epsilon=2,seed={seed}"
+        record = json.loads((d / "selection.json").read_text())
+        assert record["epsilon"] > record["epsilon_of_each_run"] > 0
+        assert not (d / ".search").exists() and (d / "select.log").is_file()
+    again = script("reproduce", *args, cwd=tmp_path)
+    assert again.returncode == 0 and "private: searching" not in again.stdout, again.stdout
+    made = script("make_table", spec, "--setting", "tiny", "--runs", tmp_path / "runs",
+                  "--out", tmp_path / "tables", "--no-projection", cwd=tmp_path)  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+    readme = (tmp_path / "tables" / "tiny" / "tiny" / "README.md").read_text()
+    assert "Tuned privately (the choice counted)" in readme
+    kept = tmp_path / "tables" / "tiny" / "tiny" / "private" / "mechanism=dpsgd,epsilon=2,seed=0"
+    assert (kept / "selection.json").is_file() and not (kept / "checkpoint.pt").exists()
+
+
 def test_a_campaign_stopped_midway_finishes_only_its_missing_cells(tmp_path):
     """A campaign killed after its first finished job (a work period ending); the next
     invocation trains only the jobs without a summary and leaves finished ones untouched."""

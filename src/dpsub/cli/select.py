@@ -68,6 +68,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
         metavar="KEY=V1,V2,...",
         help="one axis of the candidate grid (repeat for a product)",
     )
+    ap.add_argument(
+        "--candidate",
+        action="append",
+        default=[],
+        metavar="'KEY=V KEY=V'",
+        help="one candidate's overrides, space-separated (repeat; with --grid: each grid point "
+        "times each candidate)",
+    )
     ap.add_argument("--mean", type=float, required=True, help="the mean number of runs")
     ap.add_argument(
         "--shape",
@@ -92,25 +100,34 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return ap.parse_intermixed_args(argv)  # fmt: skip
 
 
-def candidates(grid: list[str]) -> list[list[str]]:
-    """The product of the ``--grid`` axes as override lists (ConfigError naming a bad one)."""
+def candidates(grid: list[str], listed: list[str] = ()) -> list[list[str]]:
+    """The product of the ``--grid`` axes, times each ``--candidate`` (its overrides split at
+    spaces), as override lists (ConfigError naming a bad one)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    if not grid:
-        raise ConfigError("--grid: give at least one axis, e.g. --grid optim.lr=0.05,0.1")
-    for axis in grid:
-        key = axis.split("=", 1)[0].lstrip("+~")
-        if "=" not in axis or key.split(".")[0] in FIXED:
+    if not grid and not listed:
+        raise ConfigError("--grid: give at least one axis (e.g. --grid optim.lr=0.05,0.1) or "
+                          "--candidate")  # fmt: skip
+    explicit = [c.split() for c in listed]
+    for flag, item in [*(("--grid", a) for a in grid), *(("--candidate", o) for c in explicit
+                                                         for o in c)]:  # fmt: skip
+        key = item.split("=", 1)[0].lstrip("+~")
+        if "=" not in item or key.split(".")[0] in FIXED:
             raise ConfigError(
-                f"--grid {axis}: expected KEY=V1,V2,... over a key other than "
+                f"{flag} {item}: expected KEY=VALUE(S) over a key other than "
                 f"{', '.join(FIXED)} (the data, its split and the seeds stay fixed)"
             )
-    try:
-        parsed = OverridesParser.create().parse_overrides(grid)
-    except Exception as e:  # noqa: BLE001 -- Hydra's grammar error, as one line
-        raise ConfigError(f"--grid: {e}".splitlines()[0]) from None
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    if any(not c for c in explicit):
+        raise ConfigError("--candidate: empty; give its overrides, e.g. 'optim.lr=0.1'")
+    points = [[]]
+    if grid:
+        try:
+            parsed = OverridesParser.create().parse_overrides(grid)
+        except Exception as e:  # noqa: BLE001 -- Hydra's grammar error, as one line
+            raise ConfigError(f"--grid: {e}".splitlines()[0]) from None
+        points = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    return [[*p, *c] for p in points for c in (explicit or [[]])]
 
 
 def check_search(args: argparse.Namespace) -> tuple[list, object, object]:
@@ -131,12 +148,12 @@ def check_search(args: argparse.Namespace) -> tuple[list, object, object]:
         repetitions = Repetitions(mean=args.mean, shape=args.shape)
     except ValueError as e:
         raise ConfigError(f"--mean/--shape: {e}") from None
-    for o in [*args.overrides, *args.grid]:
+    for o in [*args.overrides, *args.grid, *(o for c in args.candidate for o in c.split())]:
         if o.split("=", 1)[0].lstrip("+~") in _FORCED_KEYS:
             raise ConfigError(f"{o}: dpsub-select sets {' '.join(FORCED)} itself")
     settings = []
     with config_context():
-        for cand in candidates(args.grid):
+        for cand in candidates(args.grid, args.candidate):
             s = validate(compose([*args.overrides, *FORCED, *cand]))
             check_environment(s.cfg)
             settings.append((cand, s))
@@ -215,6 +232,7 @@ def search(args: argparse.Namespace, settings: list, bound, repetitions) -> dict
         "repetitions": {"mean": repetitions.mean, "shape": repetitions.shape},
         "score_sigma": args.score_sigma,
         "grid": args.grid,
+        "candidates": args.candidate,
         "overrides": args.overrides,
         "randomness": "secure" if args.secure else f"seeded ({args.seed})",
         "covered_by_epsilon": True,
@@ -279,7 +297,7 @@ def _test_accuracy(run_dir: Path) -> float:
 def cli() -> None:
     """``dpsub-select --grid KEY=V1,V2 --mean M --score-sigma S --out DIR [overrides]``."""
     args = parse(sys.argv[1:])
-    check_args([*args.overrides, *args.grid])
+    check_args([*args.overrides, *args.grid, *(o for c in args.candidate for o in c.split())])
     configure_logging()
     try:
         settings, bound, repetitions = check_search(args)

@@ -43,7 +43,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from dpsub.errors import ConfigError
-from dpsub.experiments import curves, stats, studies, tables
+from dpsub.experiments import curves, private_tables, stats, studies, tables
 from dpsub.experiments.commands import how_to_run
 from dpsub.experiments.curves import eval_curve, split_of
 from dpsub.paths import project_root
@@ -96,7 +96,22 @@ def collect(table: tables.Table, args) -> dict[str, dict[str, list[tables.Job]]]
                 cells.setdefault(tables.cell_id(j.cell), []).append(j)
         out[variant] = cells
     out["picks"] = picks
+    out["searches"] = private_searches(table, args)
+    out["private"] = private_tables.collect(out["searches"])
     return out
+
+
+def private_searches(table: tables.Table, args) -> list:
+    """The ``--private-tune`` searches under ``args.runs``, a finished one from the committed
+    ``args.out`` where the runs lack it (as :func:`plan`)."""
+    if table.tune_of(args.setting) is None:
+        return []
+    searches = private_tables.plan_searches(table, args.setting, args.runs, args.extra)
+    out = getattr(args, "out", None)
+    if out is None or Path(out).resolve() == Path(args.runs).resolve():
+        return searches
+    committed = private_tables.plan_searches(table, args.setting, out, args.extra)
+    return [s if s.finished else c for s, c in zip(searches, committed, strict=True)]
 
 
 def simulation_marks(table: tables.Table, found, setting: str) -> dict[str, list[tuple]]:
@@ -865,6 +880,7 @@ def copy_runs(found, dest: Path) -> None:
                 f"differs from {theirs}'s); keep one of them by hand")  # fmt: skip
     for src, target in pairs:
         RunDir(src).copy_small_files(target)
+    private_tables.copy(found.get("searches", []), dest)
 
 
 def render(table, args) -> Path:
@@ -875,14 +891,16 @@ def render(table, args) -> Path:
         found["simulated"] = simulation_marks(table, found, args.setting)
     except ConfigError as e:
         die(str(e))
-    if not any(found[v] for v in ("paper", "tuned", "tune")):
+    if not any(found[v] for v in ("paper", "tuned", "tune", "private")):
         die(
             f"no finished runs of {table.name} under {tables.setting_dir(args.runs, table, args.setting, args.extra)}"
         )
     dest = tables.setting_dir(args.out, table, args.setting, args.extra)
     if args.copy_only:  # the finished runs' small files, no README: a table not yet read
         copy_runs(found, dest)
-        n = sum(len(jobs) for v in ("paper", "tuned", "tune") for jobs in found[v].values())
+        n = sum(
+            len(jobs) for v in ("paper", "tuned", "tune", "private") for jobs in found[v].values()
+        )
         print(f"copied the small files of {n} finished runs into {dest}")
         if (dest / "README.md").is_file():  # rendered before: it may no longer match the runs
             print(f"{dest / 'README.md'} was rendered from the runs then: re-render it "
@@ -918,6 +936,9 @@ def run_sections(table, args, found) -> list[str]:
         + decision_lines(table, found, s)  # a decision rule
         + ema_lines(table, found, s)  # averaged vs raw weights
         + curves.curve_lines(table, found, s)  # every evaluation, against the baseline
+        + private_tables.lines(  # --private-tune: the choice counted
+            table, found["private"], lambda c: cell_values(table, found, "tuned", c), s
+        )
     )
 
 

@@ -874,6 +874,13 @@ MUTANTS = (
         ("tests/integration/test_gpu_kit.py", "-k", "extends_its_edge"),
     ),
     Mutant(
+        "private-table-shows-a-runs-epsilon-as-the-searchs",
+        "src/dpsub/experiments/private_tables.py",
+        """f"{max(r['epsilon'] for r in recs):.3f} | {kept} | {vs} |\"""",
+        """f"{max(r['epsilon_of_each_run'] for r in recs):.3f} | {kept} | {vs} |\"""",
+        ("tests/integration/test_private_tables.py", "-k", "search_cost"),
+    ),
+    Mutant(
         "resume-accepts-any-value-of-a-key-added-later",
         "src/dpsub/training/checkpoint.py",
         "return other is _ABSENT or other == ADDED_LATER[key]",

@@ -18,7 +18,10 @@ folder (``cpu+train.epochs=3``), so reduced runs never mix with full ones.
 mechanism) on ``tune.validation_size`` examples held out of the private training set,
 picks the best point per cell by validation accuracy (``tune/picks.json``) and runs the
 picks on the test set with every seed (variant ``tuned``). The tuning runs' privacy cost
-is not counted (as in the papers).
+is not counted (as in the papers). ``--private-tune --select-mean M --select-sigma S``
+tunes instead with the choice counted: one ``dpsub-select`` search per cell and seed over
+the same grid, its kept model's test accuracy the row, its epsilon the search's
+(variant ``private``, :mod:`dpsub.experiments.private_tables`).
 
 ``--dry-run`` prints every job with its status, N, steps and estimated time, where the runs
 go, and a one-line reason for every cost it cannot give (no step time; missing data of a
@@ -64,7 +67,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpsub import rundir as runs
 from dpsub.errors import ConfigError
-from dpsub.experiments import costs, tables
+from dpsub.experiments import costs, private_tables, tables
 from dpsub.experiments.commands import how_to_run
 from dpsub.overrides import quote_value
 from dpsub.paths import conf_dir, project_root
@@ -486,10 +489,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--out", type=Path, default=project_root() / "outputs" / "tables", help="results root"
     )
     p.add_argument("--tune", action="store_true", help="also tune lr x clip, then run the picks")
+    p.add_argument("--private-tune", action="store_true",
+                   help="instead of --tune: one dpsub-select search per cell and seed over the "
+                        "tuning grid, the choice counted in its epsilon (--select-*)")  # fmt: skip
+    p.add_argument("--select-mean", type=float, default=None,
+                   help="with --private-tune: the mean number of runs of a search")  # fmt: skip
+    p.add_argument("--select-sigma", type=float, default=None,
+                   help="with --private-tune: the std of the noise on a run's count of correct "
+                        "held-out examples")  # fmt: skip
+    p.add_argument("--select-shape", type=float, default=1.0,
+                   help="with --private-tune: the law of K (inf Poisson, 1 geometric: default)")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="print the grid and its cost only")
     p.add_argument("--skip-paper", action="store_true",
-                   help="with --tune: only the tuning grid and the tuned picks (not the runs at "
-                        "the paper's hyper-parameters)")  # fmt: skip
+                   help="with --tune or --private-tune: only the tuning (not the runs at the "
+                        "paper's hyper-parameters)")  # fmt: skip
     p.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
                    help="only the cells with this axis (or seed) value, or one of the values "
                         "A,B,... (repeatable: all must hold)")  # fmt: skip
@@ -531,8 +544,10 @@ def main(argv: list[str] | None = None) -> int:
         table.setting(args.setting)
         check_fit_margin(args.fit_margin)
         jobs, tuned, picks = plan(args, table)
+        searches, law = private_plan(args, table)
         if args.dry_run:
             dry_run(args, table, jobs, tuned)
+            private_dry_run(searches)
             return 0
         compose_all(jobs + tuned)  # every config valid before anything is written
         stop = None if args.stop_at is None else seconds_until(args.stop_at)
@@ -547,15 +562,41 @@ def main(argv: list[str] | None = None) -> int:
         say(f"stopping at {args.stop_at} ({stop / 60:.0f} minutes from now)")
     try:
         run_all(jobs, args, table, hydra_ov)
+        private_tables.run_searches(searches, law, lambda: Deadline.reached, say)
     except SystemExit:
         if Deadline.reached:  # the running job checkpointed (code 143) or none was running
             say(f"stopped at --stop-at {args.stop_at}; the same command resumes")
         raise
-    unfinished = [j for j in plan(args, table)[0] if not j.finished]
+    unfinished = [j for j in [*plan(args, table)[0], *searches] if not j.finished]
     if unfinished:
         say(f"{len(unfinished)} jobs unfinished, e.g. {unfinished[0].dir}")
         return 1
     return 0
+
+
+def private_plan(args, table) -> tuple[list, private_tables.Law | None]:
+    """``--private-tune``: the searches (``--only`` applies) and their law (ConfigError for
+    a missing or contradictory flag)."""
+    if not args.private_tune:
+        return [], None
+    if args.tune:
+        raise ConfigError("--private-tune: tunes instead of --tune; give one of them")
+    if args.select_mean is None or args.select_sigma is None:
+        raise ConfigError("--private-tune: needs --select-mean and --select-sigma")
+    searches = private_tables.plan_searches(
+        table, args.setting, args.out, args.extra, args.passthrough
+    )
+    law = private_tables.Law(args.select_mean, args.select_sigma, args.select_shape)
+    return only(args, searches), law
+
+
+def private_dry_run(searches: list) -> None:
+    if not searches:
+        return
+    say("\n| private search | status |\n|---|---|")
+    for s in searches:
+        st = "done" if s.finished else "again (stopped part way)" if s.dir.exists() else "todo"
+        say(f"| {s.dir.parent.name}/{s.name} | {st} |")
 
 
 def cli() -> None:

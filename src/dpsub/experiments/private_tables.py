@@ -1,0 +1,190 @@
+"""A table's cells tuned privately: ``dpsub-reproduce TABLE --private-tune`` (docs/tables.md).
+
+The papers tune on un-noised validation scores and do not count the choice. Here each cell's
+tuning grid (the same lr x clip points as ``--tune``, ``tune:`` of the table) is searched by
+``dpsub-select`` (Papernot and Steinke's procedure, :mod:`dpsub.cli.select`): a secret number
+of runs on candidates drawn from the grid, each scored on ``tune.validation_size`` held-out
+training examples with Gaussian noise, only the best run kept. One search per seed of the
+cell; its released model's test accuracy is the row's value and the search's epsilon its cost.
+
+A search lives in ``<setting>/private/<cell>,seed=<s>/`` (``selection.json``, ``select.log``,
+the kept run's ``config.yaml`` and ``ledger.json``; its checkpoint is not committed). A folder
+holding ``selection.json`` is finished and skipped; an unfinished one (a search stopped part
+way) is deleted and searched again, paying its epsilon again: a search cannot be resumed,
+since its K is secret. The grid is fixed before the search: no edge extension (that would
+choose on un-noised scores).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dpsub.errors import ConfigError
+from dpsub.experiments import tables
+from dpsub.rundir import CONFIG, LEDGER, SELECTION
+
+VARIANT = "private"
+LOG = "select.log"
+#: what a search folder keeps in results (never the checkpoint)
+KEPT = (SELECTION, LOG, CONFIG, LEDGER)
+
+
+@dataclass(frozen=True)
+class Law:
+    """How many runs a search trains (K ~ Repetitions(mean, shape)) and its score noise."""
+
+    mean: float
+    sigma: float
+    shape: float = 1.0
+
+
+@dataclass
+class Search:
+    cell: dict
+    seed: int
+    dir: Path
+    candidates: list[list[str]]
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.dir.name
+
+    @property
+    def finished(self) -> bool:
+        return (self.dir / SELECTION).is_file()
+
+    def record(self) -> dict:
+        return json.loads((self.dir / SELECTION).read_text())
+
+
+def plan_searches(table, setting: str, root: Path, extra=(), passthrough=()) -> list[Search]:
+    """One search per cell and seed of the setting, over the cell's tuning grid."""
+    tune = table.tune_of(setting)
+    if tune is None:
+        raise ConfigError(f"table {table.name}: no tune section (cannot --private-tune)")
+    base = tables.setting_dir(root, table, setting, list(extra)) / VARIANT
+    out = []
+    for cell in table.cells(setting):
+        mech = cell["mechanism"]
+        cands = [tables.tune_overrides(tune, mech, lr, ci, validation=False)
+                 for lr, ci in tune.points(mech)]  # fmt: skip
+        ov = [*table.overrides_of(cell, setting), f"dataset.validation_size={tune.validation_size}",
+              *extra, *_allowed(passthrough)]  # fmt: skip
+        for seed in table.seeds_of(setting, cell):
+            out.append(Search(cell, seed, base / f"{tables.cell_id(cell)},seed={seed}", cands, ov))
+    return out
+
+
+def _allowed(passthrough) -> list[str]:
+    """The pass-through overrides less those ``dpsub-select`` sets itself (progress bars and
+    W&B are off in a search whatever the campaign asks)."""
+    from dpsub.cli.select import FORCED
+
+    forced = {f.split("=", 1)[0] for f in FORCED}
+    return [o for o in passthrough if o.split("=", 1)[0].lstrip("+~") not in forced]
+
+
+def command(s: Search, law: Law) -> list[str]:
+    """The ``dpsub-select`` command line of one search (``--seed``: the cell's seed)."""
+    flags = [x for c in s.candidates for x in ("--candidate", " ".join(c))]
+    return [sys.executable, "-m", "dpsub.cli.select", *flags, "--mean", f"{law.mean:g}",
+            "--shape", f"{law.shape:g}", "--score-sigma", f"{law.sigma:g}", "--seed",
+            str(s.seed), "--out", str(s.dir), *s.overrides]  # fmt: skip
+
+
+def run_searches(searches: list[Search], law: Law, stop: Callable[[], bool], say) -> int:
+    """Run the unfinished searches one after another (a child process each) until ``stop()``;
+    the number that failed."""
+    failed = 0
+    for s in searches:
+        if s.finished:
+            continue
+        if stop():
+            say("private: stopped at --stop-at before the next search; the same command resumes")
+            return failed
+        if s.dir.exists():
+            say(f"private: {s.dir} was stopped part way: deleted and searched again (a search "
+                "is not resumed; it pays its epsilon again)")  # fmt: skip
+            shutil.rmtree(s.dir)
+        say(f"private: searching {s.dir}")
+        proc = subprocess.run(command(s, law), capture_output=True, text=True, check=False)
+        if proc.returncode != 0 or not s.finished:
+            failed += 1
+            say(f"private: {s.name} failed (exit code {proc.returncode}): "
+                f"{proc.stderr.strip().splitlines()[-1:] or ''}")  # fmt: skip
+            continue
+        (s.dir / LOG).write_text(proc.stdout + proc.stderr)
+        say(f"private: {s.name} done: {proc.stderr.strip().splitlines()[-1:]}")
+    return failed
+
+
+def collect(searches: list[Search]) -> dict[str, list[dict]]:
+    """cell id -> the finished searches' records (each with its ``seed``)."""
+    out: dict[str, list[dict]] = {}
+    for s in searches:
+        if s.finished:
+            out.setdefault(tables.cell_id(s.cell), []).append({**s.record(), "seed": s.seed})
+    return out
+
+
+def copy(searches: list[Search], dest: Path) -> None:
+    """The finished searches' kept small files into ``dest/private/<search>``."""
+    for s in searches:
+        if not s.finished:
+            continue
+        target = dest / VARIANT / s.name
+        if target.resolve() == s.dir.resolve():
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        for name in KEPT:
+            if (s.dir / name).is_file():
+                shutil.copy2(s.dir / name, target / name)
+
+
+def lines(table, private: dict[str, list[dict]], tuned: Callable[[dict], list[float]],
+          setting: str) -> list[str]:  # fmt: skip
+    """The README section of the privately tuned rows; ``tuned(cell)``: the cell's tuned
+    (uncounted) test accuracies in %, to compare against."""
+    from dpsub.experiments.stats import compare, summarize
+
+    if not private:
+        return []
+    first = next(iter(private.values()))[0]
+    law = first["repetitions"]
+    out = [
+        "### Tuned privately (the choice counted)",
+        "",
+        f"Each cell's tuning grid searched by `dpsub-select` (`--private-tune`): K ~ "
+        f"Repetitions(mean {law['mean']:g}, shape {law['shape']:g}) runs on candidates drawn "
+        f"from the grid, each scored on {first['validation_size']} held-out training examples "
+        f"with noise of std {first['score_sigma']:g} on its count of correct ones, only the best "
+        "kept. A row's value is the kept models' test accuracy (%), one search per seed; its "
+        "cost is the search's epsilon, which covers the choice.",
+        "",
+        "| cell | searches | test (%) | epsilon of a run | epsilon of the search | kept "
+        "(lr, clip) | vs tuned without counting |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for cell in table.cells(setting):
+        recs = private.get(tables.cell_id(cell))
+        if not recs:
+            continue
+        accs = [100 * r["test_accuracy"] for r in recs if r.get("candidate")]
+        kept = "; ".join(" ".join(r["candidate"]) if r.get("candidate") else "none (K = 0)"
+                         for r in recs)  # fmt: skip
+        base = tuned(cell)
+        vs = compare(base, accs).text() if base and accs else "–"
+        label = ", ".join(table.label(a, v) for a, v in cell.items())
+        out.append(
+            f"| {label} | {len(recs)} | {summarize(accs).text()} | "
+            f"{max(r['epsilon_of_each_run'] for r in recs):.3f} | "
+            f"{max(r['epsilon'] for r in recs):.3f} | {kept} | {vs} |"
+        )
+    return [*out, ""]
