@@ -81,14 +81,14 @@ def test_finished_searches_are_skipped_and_a_stopped_one_searched_again(
         assert not (s.dir / ".search").exists()  # deleted before it searches again
         ran.append(s.name)
         _finish(s, 0.4)
-        return subprocess.CompletedProcess(cmd, 0, "", "select: kept ...\n")
+        return subprocess.CompletedProcess(cmd, 0, "", "[06:49:53][INFO] select: kept ...\n")
 
     monkeypatch.setattr(private_tables.subprocess, "run", fake_run)
     said = []
     assert private_tables.run_searches(searches, private_tables.Law(4, 10), lambda: False,
                                        said.append) == 0  # fmt: skip
     assert ran == [searches[1].name, searches[2].name]
-    assert (searches[2].dir / "select.log").read_text() == "select: kept ...\n"
+    assert (searches[2].dir / "select.log").read_text() == "[INFO] select: kept ...\n"  # no clock
     assert any("pays its epsilon again" in line for line in said)
     ran.clear()
     private_tables.run_searches(searches, private_tables.Law(4, 10), lambda: True, said.append)

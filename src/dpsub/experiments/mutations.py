@@ -881,6 +881,13 @@ MUTANTS = (
         ("tests/integration/test_private_tables.py", "-k", "search_cost"),
     ),
     Mutant(
+        "private-search-log-keeps-the-clock-times",
+        "src/dpsub/experiments/private_tables.py",
+        'return _CLOCK.sub("", text)',
+        "return text",
+        ("tests/integration/test_private_tables.py", "-k", "stopped_one"),
+    ),
+    Mutant(
         "resume-accepts-any-value-of-a-key-added-later",
         "src/dpsub/training/checkpoint.py",
         "return other is _ABSENT or other == ADDED_LATER[key]",

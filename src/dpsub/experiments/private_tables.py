@@ -18,6 +18,7 @@ choose on un-noised scores).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -120,9 +121,18 @@ def run_searches(searches: list[Search], law: Law, stop: Callable[[], bool], say
             say(f"private: {s.name} failed (exit code {proc.returncode}): "
                 f"{proc.stderr.strip().splitlines()[-1:] or ''}")  # fmt: skip
             continue
-        (s.dir / LOG).write_text(proc.stdout + proc.stderr)
+        (s.dir / LOG).write_text(untimed(proc.stdout + proc.stderr))
         say(f"private: {s.name} done: {proc.stderr.strip().splitlines()[-1:]}")
     return failed
+
+
+def untimed(text: str) -> str:
+    """``text`` without the log lines' clock times: two times of one search bound how long
+    it took, and with it how many runs it trained (K, which must stay secret)."""
+    return _CLOCK.sub("", text)
+
+
+_CLOCK = re.compile(r"^\[\d\d:\d\d:\d\d\]", re.MULTILINE)
 
 
 def collect(searches: list[Search]) -> dict[str, list[dict]]:

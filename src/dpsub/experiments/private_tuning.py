@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dpsub.experiments.private_tables import untimed
 from dpsub.experiments.stats import compare, summarize
 from dpsub.paths import project_root
 from dpsub.rundir import SELECTION
@@ -59,7 +60,7 @@ def run_missing(overrides: list[str]) -> None:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 sys.exit(f"private_tuning: {arm} seed {seed} failed:\n{proc.stderr[-2000:]}")
-            (out / "select.log").write_text(proc.stdout + proc.stderr)
+            (out / "select.log").write_text(untimed(proc.stdout + proc.stderr))
 
 
 def render() -> str:
