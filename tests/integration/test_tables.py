@@ -598,11 +598,13 @@ def test_the_lanes_plan_lists_each_campaigns_jobs_and_what_is_left(tmp_path):
     spec = tmp_path / "tiny.yaml"
     spec.write_text(TINY)
     todo = tmp_path / "lanes.yaml"
-    todo.write_text(f"campaigns:\n  - {spec} --setting tiny\n")
+    private = "--private-tune --skip-paper --select-mean 2 --select-sigma 5"
+    todo.write_text(f"campaigns:\n  - {spec} --setting tiny\n  - {spec} --setting tiny {private}\n")
     proc = script("lanes", "--campaigns", todo, "--plan", "--out", tmp_path / "runs", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (row,) = [line for line in proc.stdout.splitlines() if "--setting tiny" in line]
+    row, searches = [line for line in proc.stdout.splitlines() if "--setting tiny" in line]
     assert "| 4 | 0 | 4 |" in row and "CPU" in row
+    assert "| 4 | 0 | 4 |" in searches and "failed" not in searches  # one search a cell x seed
     bare = script("lanes", "--campaigns", todo, cwd=tmp_path)
     assert bare.returncode == 2 and "--stop-at" in bare.stderr and bare.stderr.count("\n") == 1
 

@@ -593,10 +593,10 @@ def private_plan(args, table) -> tuple[list, private_tables.Law | None]:
 def private_dry_run(searches: list) -> None:
     if not searches:
         return
-    say("\n| private search | status |\n|---|---|")
+    say("\n| variant | search | status |\n|---|---|---|")
     for s in searches:
         st = "done" if s.finished else "again (stopped part way)" if s.dir.exists() else "todo"
-        say(f"| {s.dir.parent.name}/{s.name} | {st} |")
+        say(f"| {private_tables.VARIANT} | {s.name} | {st} |")
 
 
 def cli() -> None:
