@@ -118,12 +118,17 @@ def run_searches(searches: list[Search], law: Law, stop: Callable[[], bool], say
         proc = subprocess.run(command(s, law), capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not s.finished:
             failed += 1
-            say(f"private: {s.name} failed (exit code {proc.returncode}): "
-                f"{proc.stderr.strip().splitlines()[-1:] or ''}")  # fmt: skip
+            say(
+                f"private: {s.name} failed (exit code {proc.returncode}): {_last(proc.stderr or proc.stdout)}"
+            )
             continue
         (s.dir / LOG).write_text(untimed(proc.stdout + proc.stderr))
-        say(f"private: {s.name} done: {proc.stderr.strip().splitlines()[-1:]}")
+        say(f"private: {s.name} done: {_last(untimed(proc.stdout + proc.stderr))}")
     return failed
+
+
+def _last(text: str) -> str:
+    return (text.strip().splitlines() or ["(no output)"])[-1]
 
 
 def untimed(text: str) -> str:
