@@ -52,7 +52,12 @@ def test_select_takes_listed_candidates_times_the_grid():
         ["optim.lr=0.1", "mechanism.clip=1.0"], ["optim.lr=0.1", "mechanism.clip=2.0"],
         ["optim.lr=0.2", "mechanism.clip=1.0"], ["optim.lr=0.2", "mechanism.clip=2.0"],
     ]  # fmt: skip
-    for bad in (["optim.lr=0.1 seed=3"], ["dataset.validation_size=5"], [""], ["optim.lr"]):
+    milestones = "optim.lr=0.1 'optim.schedule.milestones=[0.5, 0.75]'"
+    assert candidates([], [milestones]) == [
+        ["optim.lr=0.1", "optim.schedule.milestones=[0.5, 0.75]"]
+    ]
+    for bad in (["optim.lr=0.1 seed=3"], ["dataset.validation_size=5"], [""], ["optim.lr"],
+                ["optim.lr='0.1"]):  # fmt: skip
         with pytest.raises(ConfigError, match="--candidate"):
             candidates([], bad)
     with pytest.raises(ConfigError, match="--grid"):

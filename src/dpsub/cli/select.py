@@ -100,16 +100,26 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return ap.parse_intermixed_args(argv)  # fmt: skip
 
 
+def split_candidate(text: str) -> list[str]:
+    """A ``--candidate``'s overrides, split as a shell splits (``'k=[1, 2]'`` stays one)."""
+    import shlex
+
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        raise ConfigError(f"--candidate {text}: {e}") from None
+
+
 def candidates(grid: list[str], listed: list[str] = ()) -> list[list[str]]:
     """The product of the ``--grid`` axes, times each ``--candidate`` (its overrides split at
-    spaces), as override lists (ConfigError naming a bad one)."""
+    spaces, quotes as a shell's), as override lists (ConfigError naming a bad one)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     if not grid and not listed:
         raise ConfigError("--grid: give at least one axis (e.g. --grid optim.lr=0.05,0.1) or "
                           "--candidate")  # fmt: skip
-    explicit = [c.split() for c in listed]
+    explicit = [split_candidate(c) for c in listed]
     for flag, item in [*(("--grid", a) for a in grid), *(("--candidate", o) for c in explicit
                                                          for o in c)]:  # fmt: skip
         key = item.split("=", 1)[0].lstrip("+~")
@@ -148,7 +158,11 @@ def check_search(args: argparse.Namespace) -> tuple[list, object, object]:
         repetitions = Repetitions(mean=args.mean, shape=args.shape)
     except ValueError as e:
         raise ConfigError(f"--mean/--shape: {e}") from None
-    for o in [*args.overrides, *args.grid, *(o for c in args.candidate for o in c.split())]:
+    for o in [
+        *args.overrides,
+        *args.grid,
+        *(o for c in args.candidate for o in split_candidate(c)),
+    ]:
         if o.split("=", 1)[0].lstrip("+~") in _FORCED_KEYS:
             raise ConfigError(f"{o}: dpsub-select sets {' '.join(FORCED)} itself")
     settings = []
@@ -297,7 +311,9 @@ def _test_accuracy(run_dir: Path) -> float:
 def cli() -> None:
     """``dpsub-select --grid KEY=V1,V2 --mean M --score-sigma S --out DIR [overrides]``."""
     args = parse(sys.argv[1:])
-    check_args([*args.overrides, *args.grid, *(o for c in args.candidate for o in c.split())])
+    check_args(
+        [*args.overrides, *args.grid, *(o for c in args.candidate for o in split_candidate(c))]
+    )
     configure_logging()
     try:
         settings, bound, repetitions = check_search(args)

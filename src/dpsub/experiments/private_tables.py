@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -94,7 +95,7 @@ def _allowed(passthrough) -> list[str]:
 
 def command(s: Search, law: Law) -> list[str]:
     """The ``dpsub-select`` command line of one search (``--seed``: the cell's seed)."""
-    flags = [x for c in s.candidates for x in ("--candidate", " ".join(c))]
+    flags = [x for c in s.candidates for x in ("--candidate", shlex.join(c))]
     return [sys.executable, "-m", "dpsub.cli.select", *flags, "--mean", f"{law.mean:g}",
             "--shape", f"{law.shape:g}", "--score-sigma", f"{law.sigma:g}", "--seed",
             str(s.seed), "--out", str(s.dir), *s.overrides]  # fmt: skip
