@@ -356,6 +356,9 @@ def test_auto_microbatch_fits_a_quarter_of_free_memory():
     p = 1_000_000
     assert auto_microbatch(p, 256, cpu, free=4 * 12 * p * 100) == 64  # 100 fit: 64
     assert auto_microbatch(p, 256, cpu, free=4 * 12 * p * 1000) == 256  # all fit: the batch
+    # a CPU's caches: at most 256 a pass however much memory is free (a GPU: the batch)
+    assert auto_microbatch(p, 1000, cpu, free=4 * 12 * p * 10**4) == 256
+    assert auto_microbatch(p, 1000, torch.device("cuda"), free=4 * 12 * p * 10**4) == 1000
     assert auto_microbatch(p, 256, cpu, free=10) == 1  # nothing fits: one at a time
     assert 1 <= auto_microbatch(p, 256, cpu) <= 256  # the machine's own free memory
 
