@@ -136,8 +136,8 @@ def auto_microbatch(
     whose per-example gradients fit a quarter of the free memory, counting 3x their size
     for the temporaries of their computation and clipping (``grads.microbatch: auto``).
     On a CPU at most :data:`CPU_MICROBATCH`: there the caches, not the memory, set the pace
-    (ResNet20, batch 1,000, ghost clipping, 2 threads: 2.7-2.8 s a step at 125-250,
-    5.2 s at 500)."""
+    (ResNet20, batch 1,000, ghost clipping, 2 threads: a median 3.1-3.3 s a clipped sum at
+    125-250, 4.5 s at 500: docs/speed.md)."""
     free = available_bytes(device) if free is None else free
     fits = max(1, (free // 4) // (3 * 4 * max(num_params, 1)))
     if torch.device(device).type == "cpu":
