@@ -131,6 +131,8 @@ def test_make_table_renders_the_private_rows(tiny, tmp_path):
     [
         (["--private-tune", "--tune", "--select-mean", "4", "--select-sigma", "10"], "--tune"),
         (["--private-tune", "--select-sigma", "10"], "--select-mean"),
+        (["--private-tune", "--select-mean", "0.5", "--select-sigma", "10"], "--select-mean"),
+        (["--private-tune", "--select-mean", "4", "--select-sigma", "0"], "--select-sigma"),
     ],
 )
 def test_private_tune_mistakes_are_one_line_and_exit_2(tmp_path, flags, fragment):

@@ -46,6 +46,19 @@ class Law:
     shape: float = 1.0
 
 
+def check_law(law: Law) -> Law:
+    """``law`` if ``dpsub-select`` accepts it (ConfigError naming the flag, before any search)."""
+    from dpsub.privacy.selection import Repetitions
+
+    if not law.sigma > 0:
+        raise ConfigError(f"--select-sigma: must be > 0, got {law.sigma:g}")
+    try:
+        Repetitions(mean=law.mean, shape=law.shape)
+    except ValueError as e:
+        raise ConfigError(f"--select-mean/--select-shape: {e}") from None
+    return law
+
+
 @dataclass
 class Search:
     cell: dict

@@ -587,7 +587,7 @@ def private_plan(args, table) -> tuple[list, private_tables.Law | None]:
         table, args.setting, args.out, args.extra, args.passthrough
     )
     law = private_tables.Law(args.select_mean, args.select_sigma, args.select_shape)
-    return only(args, searches), law
+    return only(args, searches), private_tables.check_law(law)
 
 
 def private_dry_run(searches: list) -> None:
