@@ -8,9 +8,9 @@
 Papernot and Steinke's procedure (ICLR 2022; :func:`dpsub.select_privately`, docs/api.md)
 over dpsub runs: a secret number K ~ ``Repetitions(mean, shape)`` of runs, each on a
 candidate drawn uniformly from the grid (the product of the ``--grid`` axes, Hydra's sweep
-syntax), each trained on the private set less ``dataset.validation_size`` held-out examples
-and scored by its count of correct held-out examples plus Gaussian noise of std
-``--score-sigma``. Only the best run is kept: ``<out>/`` holds its ``config.yaml``,
+syntax, times each ``--candidate 'KEY=V KEY=V'`` when given), each trained on the private
+set less ``dataset.validation_size`` held-out examples and scored by its count of correct
+held-out examples plus Gaussian noise of std ``--score-sigma``. Only the best run is kept: ``<out>/`` holds its ``config.yaml``,
 ``checkpoint.pt`` and ``ledger.json``, and ``selection.json`` its candidate, its noisy
 score, its test accuracy (the released model on the public test set) and the epsilon of the
 whole search. Everything else (the other runs, every un-noised score, K itself) is deleted
