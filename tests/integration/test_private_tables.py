@@ -98,6 +98,12 @@ def test_finished_searches_are_skipped_and_a_stopped_one_searched_again(
     ran.clear()
     private_tables.run_searches(searches, private_tables.Law(4, 10), lambda: True, said.append)
     assert ran == []
+    # --fit: a search expected to end after the deadline is not started; the next one may be
+    more = private_tables.plan_searches(tiny, "tiny", tmp_path)[3:]
+    searches += more
+    private_tables.run_searches(more, private_tables.Law(4, 10), lambda: False, said.append,
+                                fits=lambda s: False)  # fmt: skip
+    assert ran == [] and "not started" in said[-1]
 
 
 def test_the_private_rows_show_the_search_cost_and_the_uncounted_comparison(tiny, tmp_path):
@@ -142,3 +148,14 @@ def test_private_tune_mistakes_are_one_line_and_exit_2(tmp_path, flags, fragment
                                  "--out", tmp_path / "out", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert fragment in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_the_dry_run_gives_each_search_its_expected_cost(tiny, tmp_path, capsys):
+    """A search costs the mean number of runs x its cell's grid points' mean time."""
+    reproduce = load_script("reproduce")
+    searches = private_tables.plan_searches(tiny, "tiny", tmp_path)[:2]
+    _finish(searches[0], 0.5)
+    reproduce.private_dry_run(searches, {searches[0].dir: 120.0, searches[1].dir: 240.0})
+    out = capsys.readouterr().out
+    assert "| done | 2m00s |" in out and "| todo | 4m00s |" in out
+    assert "2 searches; still to run: 4m00s CPU" in out

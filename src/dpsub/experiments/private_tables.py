@@ -114,9 +114,11 @@ def command(s: Search, law: Law) -> list[str]:
             str(s.seed), "--out", str(s.dir), *s.overrides]  # fmt: skip
 
 
-def run_searches(searches: list[Search], law: Law, stop: Callable[[], bool], say) -> int:
-    """Run the unfinished searches one after another (a child process each) until ``stop()``;
-    the number that failed."""
+def run_searches(searches: list[Search], law: Law, stop: Callable[[], bool], say,
+                 fits: Callable[[Search], bool] = lambda s: True) -> int:  # fmt: skip
+    """Run the unfinished searches one after another (a child process each) until ``stop()``,
+    each only if ``fits(search)`` (``--fit``: expected to end before the deadline); the
+    number that failed."""
     failed = 0
     for s in searches:
         if s.finished:
@@ -124,6 +126,10 @@ def run_searches(searches: list[Search], law: Law, stop: Callable[[], bool], say
         if stop():
             say("private: stopped at --stop-at before the next search; the same command resumes")
             return failed
+        if not fits(s):
+            say(f"private: {s.name} not started: its expected time would end after --stop-at "
+                "(--fit); the next period runs it")  # fmt: skip
+            continue
         if s.dir.exists():
             say(f"private: {s.dir} was stopped part way: deleted and searched again (a search "
                 "is not resumed; it pays its epsilon again)")  # fmt: skip

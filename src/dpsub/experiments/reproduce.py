@@ -58,6 +58,7 @@ import math
 import os
 import re
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -547,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         searches, law = private_plan(args, table)
         if args.dry_run:
             dry_run(args, table, jobs, tuned)
-            private_dry_run(searches)
+            private_dry_run(searches, search_seconds(args, table, searches, law))
             return 0
         compose_all(jobs + tuned)  # every config valid before anything is written
         stop = None if args.stop_at is None else seconds_until(args.stop_at)
@@ -562,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"stopping at {args.stop_at} ({stop / 60:.0f} minutes from now)")
     try:
         run_all(jobs, args, table, hydra_ov)
-        private_tables.run_searches(searches, law, lambda: Deadline.reached, say)
+        fits = search_fit(args, table, searches, law)
+        private_tables.run_searches(searches, law, lambda: Deadline.reached, say, fits)
     except SystemExit:
         if Deadline.reached:  # the running job checkpointed (code 143) or none was running
             say(f"stopped at --stop-at {args.stop_at}; the same command resumes")
@@ -590,13 +592,46 @@ def private_plan(args, table) -> tuple[list, private_tables.Law | None]:
     return only(args, searches), private_tables.check_law(law)
 
 
-def private_dry_run(searches: list) -> None:
+def search_seconds(args, table, searches: list, law) -> dict[Path, float]:
+    """Each search's expected time: the mean number of runs x the mean estimated time of its
+    cell's grid points (recorded step times, as the dry run's); NaN where none is known."""
+    if not searches:
+        return {}
+    cells = {tables.cell_id(s.cell) for s in searches}
+    grid = [j for j in tables.plan_jobs(table, args.setting, args.out, "tune", extra=args.extra,
+                                        passthrough=args.passthrough)
+            if tables.cell_id(j.cell) in cells]  # fmt: skip
+    rows, _ = costs.estimate(grid, compose_all(grid), args.out, [args.out, COMMITTED], None,
+                             lambda msg: None)  # fmt: skip
+    by_cell: dict[str, list[float]] = {}
+    for r in rows:
+        if math.isfinite(r["sec"]):
+            by_cell.setdefault(tables.cell_id(r["job"].cell), []).append(r["sec"])
+    return {s.dir: law.mean * statistics.fmean(by_cell[tables.cell_id(s.cell)])
+            if tables.cell_id(s.cell) in by_cell else math.nan for s in searches}  # fmt: skip
+
+
+def search_fit(args, table, searches: list, law):
+    """``--fit``: whether a search is expected to end before ``--stop-at`` (it cannot be
+    stopped part way without being paid again); without ``--fit`` every search may start."""
+    if not args.fit or not searches:
+        return lambda s: True
+    sec = search_seconds(args, table, searches, law)
+    return lambda s: Deadline.fits(sec[s.dir] * args.fit_margin)
+
+
+def private_dry_run(searches: list, seconds: dict[Path, float]) -> None:
     if not searches:
         return
-    say("\n| variant | search | status |\n|---|---|---|")
+    say("\n| variant | search | status | expected CPU |\n|---|---|---|---:|")
+    left = 0.0
     for s in searches:
         st = "done" if s.finished else "again (stopped part way)" if s.dir.exists() else "todo"
-        say(f"| {private_tables.VARIANT} | {s.name} | {st} |")
+        sec = seconds.get(s.dir, math.nan)
+        left += sec if st != "done" and math.isfinite(sec) else 0.0
+        say(f"| {private_tables.VARIANT} | {s.name} | {st} | {costs.hms(sec)} |")
+    say(f"\n{len(searches)} searches; still to run: {costs.hms(left)} CPU (expected: the mean "
+        "number of runs x a grid point's recorded time; unknown ones not counted)")  # fmt: skip
 
 
 def cli() -> None:
