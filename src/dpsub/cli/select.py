@@ -10,10 +10,10 @@ over dpsub runs: a secret number K ~ ``Repetitions(mean, shape)`` of runs, each 
 candidate drawn uniformly from the grid (the product of the ``--grid`` axes, Hydra's sweep
 syntax, times each ``--candidate 'KEY=V KEY=V'`` when given), each trained on the private
 set less ``dataset.validation_size`` held-out examples and scored by its count of correct
-held-out examples plus Gaussian noise of std ``--score-sigma``. Only the best run is kept: ``<out>/`` holds its ``config.yaml``,
-``checkpoint.pt`` and ``ledger.json``, and ``selection.json`` its candidate, its noisy
-score, its test accuracy (the released model on the public test set) and the epsilon of the
-whole search. Everything else (the other runs, every un-noised score, K itself) is deleted
+held-out examples plus Gaussian noise of std ``--score-sigma``. Only the best run is kept:
+``<out>/`` holds its ``config.yaml``, ``checkpoint.pt`` and ``ledger.json``, and
+``selection.json`` its candidate, its noisy score, its test accuracy (the released model on
+the public test set) and the epsilon of the whole search. Everything else (the other runs, every un-noised score, K itself) is deleted
 and never printed: the search's epsilon holds because K stays secret.
 
 The conditions the bound needs, checked before anything trains (a mistake is one line on
@@ -110,6 +110,11 @@ def split_candidate(text: str) -> list[str]:
         raise ConfigError(f"--candidate {text}: {e}") from None
 
 
+def every_override(args: argparse.Namespace) -> list[str]:
+    """The overrides of every run, the grid's axes and each candidate's, in one list."""
+    return [*args.overrides, *args.grid, *(o for c in args.candidate for o in split_candidate(c))]
+
+
 def candidates(grid: list[str], listed: list[str] = ()) -> list[list[str]]:
     """The product of the ``--grid`` axes, times each ``--candidate`` (its overrides split at
     spaces, quotes as a shell's), as override lists (ConfigError naming a bad one)."""
@@ -158,11 +163,7 @@ def check_search(args: argparse.Namespace) -> tuple[list, object, object]:
         repetitions = Repetitions(mean=args.mean, shape=args.shape)
     except ValueError as e:
         raise ConfigError(f"--mean/--shape: {e}") from None
-    for o in [
-        *args.overrides,
-        *args.grid,
-        *(o for c in args.candidate for o in split_candidate(c)),
-    ]:
+    for o in every_override(args):
         if o.split("=", 1)[0].lstrip("+~") in _FORCED_KEYS:
             raise ConfigError(f"{o}: dpsub-select sets {' '.join(FORCED)} itself")
     settings = []
@@ -311,9 +312,7 @@ def _test_accuracy(run_dir: Path) -> float:
 def cli() -> None:
     """``dpsub-select --grid KEY=V1,V2 --mean M --score-sigma S --out DIR [overrides]``."""
     args = parse(sys.argv[1:])
-    check_args(
-        [*args.overrides, *args.grid, *(o for c in args.candidate for o in split_candidate(c))]
-    )
+    check_args(every_override(args))
     configure_logging()
     try:
         settings, bound, repetitions = check_search(args)
