@@ -4,6 +4,7 @@ choice counted (the searches themselves: tests/e2e/test_e2e_tables.py, slow)."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from types import SimpleNamespace
 
@@ -57,18 +58,21 @@ def test_select_takes_listed_candidates_times_the_grid():
         ["optim.lr=0.1", "optim.schedule.milestones=[0.5, 0.75]"]
     ]
     for bad in (["optim.lr=0.1 seed=3"], ["dataset.validation_size=5"], [""], ["optim.lr"],
-                ["optim.lr='0.1"]):  # fmt: skip
+                ["optim.lr='0.1"], ["experiment=dpsgd_mnist_eps2"]):  # fmt: skip
         with pytest.raises(ConfigError, match="--candidate"):
             candidates([], bad)
     with pytest.raises(ConfigError, match="--grid"):
         candidates([], [])
 
 
-def _finish(search, acc: float, eps: float = 2.9) -> None:
+def _finish(search, acc: float, eps: float = 2.9, mean: float = 4.0) -> None:
+    """A finished search's record, as dpsub-select writes it for Law(4, 10)."""
     search.dir.mkdir(parents=True, exist_ok=True)
     record = {"candidate": search.candidates[0], "test_accuracy": acc, "epsilon": eps,
               "epsilon_of_each_run": 2.0, "validation_size": 100, "score_sigma": 10.0,
-              "repetitions": {"mean": 4.0, "shape": 1.0}}  # fmt: skip
+              "repetitions": {"mean": mean, "shape": 1.0},
+              "candidates": [shlex.join(c) for c in search.candidates],
+              "overrides": [*search.overrides, "data.root=elsewhere"]}  # fmt: skip
     (search.dir / "selection.json").write_text(json.dumps(record))
 
 
@@ -94,7 +98,7 @@ def test_finished_searches_are_skipped_and_a_stopped_one_searched_again(
                                        said.append) == 0  # fmt: skip
     assert ran == [searches[1].name, searches[2].name]
     assert (searches[2].dir / "select.log").read_text() == "[INFO] select: kept ...\n"  # no clock
-    assert any("pays its epsilon again" in line for line in said)
+    assert any("killed part way" in line for line in said)
     ran.clear()
     private_tables.run_searches(searches, private_tables.Law(4, 10), lambda: True, said.append)
     assert ran == []
@@ -155,7 +159,63 @@ def test_the_dry_run_gives_each_search_its_expected_cost(tiny, tmp_path, capsys)
     reproduce = load_script("reproduce")
     searches = private_tables.plan_searches(tiny, "tiny", tmp_path)[:2]
     _finish(searches[0], 0.5)
-    reproduce.private_dry_run(searches, {searches[0].dir: 120.0, searches[1].dir: 240.0})
+    law = private_tables.Law(4, 10)
+    reproduce.private_dry_run(searches, law, {searches[0].dir: 120.0, searches[1].dir: 240.0})
     out = capsys.readouterr().out
     assert "| done | 2m00s |" in out and "| todo | 4m00s |" in out
-    assert "2 searches; still to run: 4m00s CPU" in out
+    assert out.rstrip().endswith("still to run: 4m00s CPU")
+
+
+def test_a_search_made_under_another_law_is_stale_set_aside_and_searched_again(
+    tiny, tmp_path, monkeypatch
+):
+    """A record of mean 2 under a command of mean 4 (or other candidates, or overrides that
+    change a run) is not the planned search: never counted as it, kept aside, searched again;
+    a changed data.root is the same search."""
+    (s,) = private_tables.plan_searches(tiny, "tiny", tmp_path)[:1]
+    law = private_tables.Law(4, 10)
+    _finish(s, 0.5, mean=2.0)
+    assert private_tables.status(s, law) == "stale:mean"
+    _finish(s, 0.5)
+    assert private_tables.status(s, law) == "done"
+    s.candidates = s.candidates[:1]
+    assert private_tables.status(s, law) == "stale:candidates"
+    monkeypatch.setattr(
+        private_tables.subprocess,
+        "run",
+        lambda cmd, **kw: (
+            _finish(s, 0.6),
+            subprocess.CompletedProcess(cmd, 0, "[INFO] select: kept\n", ""),
+        )[1],
+    )
+    said = []
+    assert private_tables.run_searches([s], law, lambda: False, said.append) == 0
+    assert private_tables.status(s, law) == "done" and any("stale" in x for x in said)
+    kept = list((tmp_path / "tiny" / "tiny" / ".stale" / "private").glob("*@*/selection.json"))
+    assert len(kept) == 1  # nothing lost
+
+
+def test_a_search_another_process_holds_is_skipped(tiny, tmp_path, monkeypatch):
+    from dpsub.training.checkpoint import lock_run_dir
+
+    (s,) = private_tables.plan_searches(tiny, "tiny", tmp_path)[:1]
+    where = s.dir.parent / private_tables.LOCKS / s.name
+    where.mkdir(parents=True)
+    release = lock_run_dir(where, "other lane")
+    monkeypatch.setattr(private_tables.subprocess, "run", lambda *a, **k: pytest.fail("ran"))
+    said = []
+    try:
+        private_tables.run_searches([s], private_tables.Law(4, 10), lambda: False, said.append)
+    finally:
+        release()
+    assert "another process is searching it" in said[-1] and not s.dir.exists()
+
+
+def test_rows_of_searches_under_different_laws_each_name_theirs(tiny, tmp_path):
+    searches = private_tables.plan_searches(tiny, "tiny", tmp_path)
+    for s, mean in zip(searches, (4.0, 4.0, 2.0, 2.0), strict=True):
+        _finish(s, 0.5, mean=mean)
+    text = "\n".join(private_tables.lines(tiny, private_tables.collect(searches),
+                                          lambda c: [], "tiny"))  # fmt: skip
+    assert "each row's law below" in text
+    assert "Repetitions(mean 4, shape 1)" in text and "Repetitions(mean 2, shape 1)" in text

@@ -21,9 +21,10 @@ stderr, exit code 2, nothing written): every candidate's plan charges a fixed cu
 private mechanism with planned accounting, no simulated noise level), and the search bounds
 every run by the largest of them; the held-out part is picked from the seed alone
 (``dataset.validation_pick=uniform``, set here), never from the labels; the grid leaves the
-data (``dataset``, ``data``, ``aux``, ``features``) and ``seed`` alone (run i trains at seed
-``seed + i``). A search stopped part-way is not resumed: started again, it draws a new K and
-pays its epsilon again.
+data (``dataset``, ``data``, ``aux``, ``features``, ``experiment``) and ``seed`` alone (each
+run's seed is drawn from ``--seed``'s stream, or the OS's with ``--secure``). A search stopped
+part-way is not resumed, it starts over: with the same ``--seed`` it replays the same K and
+draws; with ``--secure`` it draws anew, and whatever the stopped one showed counts too.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from dpsub.rundir import CHECKPOINT, CONFIG, LEDGER, SELECTION
 #: output that could count the runs, nothing sent to W&B.
 FORCED = ("dataset.validation_pick=uniform", "train.progress=false", "logger.mode=disabled")
 #: What a grid may not vary: the private data, its split and the runs' seeds.
-FIXED = ("dataset", "data", "aux", "features", "seed", "out_dir", "resume", "hydra")
+FIXED = ("dataset", "data", "aux", "features", "experiment", "seed", "out_dir", "resume", "hydra")
 #: What the kept run's folder holds (the run's own summary, metrics and log hold un-noised
 #: validation scores, and are deleted with the other runs).
 KEPT = (CONFIG, CHECKPOINT, LEDGER)

@@ -145,9 +145,9 @@ def plan(todo: list[list[str]], args) -> list[str]:
         proc = subprocess.run(argv, capture_output=True, text=True)
         states = [row.split("|")[3].strip() for row in proc.stdout.splitlines()
                   if row.startswith(("| paper |", "| tune |", "| tuned |", "| private |"))]  # fmt: skip
-        last = next((line for line in reversed(proc.stdout.splitlines())
-                     if "still to run" in line), "")  # fmt: skip
-        left = last.split("still to run: ")[-1] if "still to run" in last else (
+        totals = [line.split("still to run: ")[-1] for line in proc.stdout.splitlines()
+                  if "still to run: " in line]  # fmt: skip
+        left = " + ".join(totals) if totals else (
             f"dry run failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")  # fmt: skip
         done = sum(st in ("done", "reuse") for st in states)
         out.append(f"| `{shlex.join(words)}` | {len(states)} | {done} | {len(states) - done} "

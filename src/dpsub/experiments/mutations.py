@@ -888,6 +888,20 @@ MUTANTS = (
         ("tests/integration/test_private_tables.py", "-k", "stopped_one"),
     ),
     Mutant(
+        "private-search-run-by-two-lanes-at-once",
+        "src/dpsub/experiments/private_tables.py",
+        'return lock_run_dir(where, "private")',
+        "return lambda: None",
+        ("tests/integration/test_private_tables.py", "-k", "another_process"),
+    ),
+    Mutant(
+        "private-search-under-another-law-counted-as-done",
+        "src/dpsub/experiments/private_tables.py",
+        'return "stale:" + ",".join(changed) if changed else "done"',
+        'return "done"',
+        ("tests/integration/test_private_tables.py", "-k", "another_law"),
+    ),
+    Mutant(
         "resume-accepts-any-value-of-a-key-added-later",
         "src/dpsub/training/checkpoint.py",
         "return other is _ABSENT or other == ADDED_LATER[key]",

@@ -9,10 +9,16 @@ cell; its released model's test accuracy is the row's value and the search's eps
 
 A search lives in ``<setting>/private/<cell>,seed=<s>/`` (``selection.json``, ``select.log``,
 the kept run's ``config.yaml`` and ``ledger.json``; its checkpoint is not committed). A folder
-holding ``selection.json`` is finished and skipped; an unfinished one (a search stopped part
-way) is deleted and searched again, paying its epsilon again: a search cannot be resumed,
-since its K is secret. The grid is fixed before the search: no edge extension (that would
-choose on un-noised scores).
+holding ``selection.json`` whose record matches the planned search (its law, candidates and
+overrides, less those a run may change: ``checkpoint.may_change``) is finished and skipped;
+one that no longer matches is stale: set aside under ``<setting>/.stale/private/`` and
+searched again. An unfinished folder (a search killed part way) is deleted and searched
+again from the start: a search cannot be resumed, since its K is secret. While a process
+searches, it holds ``<setting>/private/.locks/<search>/.lock``: another lane skips that
+search. The grid is fixed before the search: no edge extension (that would choose on
+un-noised scores). Searches run seeded (``--seed``: the cell's seed), so anyone holding the
+seed can recompute K, the draws and the score noise, as for any seeded run's noise: tables
+made to be cited, not a deployment.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +40,7 @@ from dpsub.rundir import CONFIG, LEDGER, SELECTION
 
 VARIANT = "private"
 LOG = "select.log"
+LOCKS = ".locks"  # <setting>/private/.locks/<search>/.lock (git-ignored)
 #: what a search folder keeps in results (never the checkpoint)
 KEPT = (SELECTION, LOG, CONFIG, LEDGER)
 
@@ -78,6 +86,21 @@ class Search:
     def record(self) -> dict:
         return json.loads((self.dir / SELECTION).read_text())
 
+    def changed(self, law: Law) -> list[str]:
+        """What a finished search's record has that this planned search does not."""
+        from dpsub.training.checkpoint import may_change
+
+        r = self.record()
+        fixed = lambda ov: [o for o in ov if not may_change(o.split("=", 1)[0].lstrip("+~"))]  # noqa: E731
+        rep = r.get("repetitions") or {}
+        return [name for name, same in (
+            ("mean", rep.get("mean") == law.mean),
+            ("shape", rep.get("shape") == law.shape),
+            ("score noise", r.get("score_sigma") == law.sigma),
+            ("candidates", r.get("candidates") == [shlex.join(c) for c in self.candidates]),
+            ("overrides", fixed(r.get("overrides") or []) == fixed(self.overrides)),
+        ) if not same]  # fmt: skip
+
 
 def plan_searches(table, setting: str, root: Path, extra=(), passthrough=()) -> list[Search]:
     """One search per cell and seed of the setting, over the cell's tuning grid."""
@@ -114,14 +137,22 @@ def command(s: Search, law: Law) -> list[str]:
             str(s.seed), "--out", str(s.dir), *s.overrides]  # fmt: skip
 
 
+def status(s: Search, law: Law) -> str:
+    """done | stale:<what> | again (a folder left by a killed search) | todo."""
+    if s.finished:
+        changed = s.changed(law)
+        return "stale:" + ",".join(changed) if changed else "done"
+    return "again" if s.dir.exists() else "todo"
+
+
 def run_searches(searches: list[Search], law: Law, stop: Callable[[], bool], say,
                  fits: Callable[[Search], bool] = lambda s: True) -> int:  # fmt: skip
-    """Run the unfinished searches one after another (a child process each) until ``stop()``,
-    each only if ``fits(search)`` (``--fit``: expected to end before the deadline); the
-    number that failed."""
+    """Run the searches not done one after another (a child process each) until ``stop()``,
+    each only if ``fits(search)`` (``--fit``: expected to end before the deadline) and no
+    other process holds it; the number that failed."""
     failed = 0
     for s in searches:
-        if s.finished:
+        if status(s, law) == "done":
             continue
         if stop():
             say("private: stopped at --stop-at before the next search; the same command resumes")
@@ -130,21 +161,56 @@ def run_searches(searches: list[Search], law: Law, stop: Callable[[], bool], say
             say(f"private: {s.name} not started: its expected time would end after --stop-at "
                 "(--fit); the next period runs it")  # fmt: skip
             continue
-        if s.dir.exists():
-            say(f"private: {s.dir} was stopped part way: deleted and searched again (a search "
-                "is not resumed; it pays its epsilon again)")  # fmt: skip
-            shutil.rmtree(s.dir)
-        say(f"private: searching {s.dir}")
-        proc = subprocess.run(command(s, law), capture_output=True, text=True, check=False)
-        if proc.returncode != 0 or not s.finished:
-            failed += 1
-            say(
-                f"private: {s.name} failed (exit code {proc.returncode}): {_last(proc.stderr or proc.stdout)}"
-            )
+        release = _lock(s, say)
+        if release is None:
             continue
-        (s.dir / LOG).write_text(untimed(proc.stdout + proc.stderr))
-        say(f"private: {s.name} done: {_last(untimed(proc.stdout + proc.stderr))}")
+        try:
+            failed += not _search(s, law, say)
+        finally:
+            release()
     return failed
+
+
+def _lock(s: Search, say) -> Callable[[], None] | None:
+    """The search's lock (outside its folder, which dpsub-select needs empty), or None when
+    another process holds it."""
+    from dpsub.errors import RunDirInUse
+    from dpsub.training.checkpoint import lock_run_dir
+
+    where = s.dir.parent / LOCKS / s.name
+    where.mkdir(parents=True, exist_ok=True)
+    try:
+        return lock_run_dir(where, "private")
+    except RunDirInUse:
+        say(f"private: {s.name} skipped: another process is searching it")
+        return None
+
+
+def _search(s: Search, law: Law, say) -> bool:
+    """One search (the lock held): set a stale or half-made folder aside, run dpsub-select,
+    keep its log without clock times; whether it finished."""
+    st = status(s, law)  # again: another process may have finished it meanwhile
+    if st == "done":
+        return True
+    if st.startswith("stale:"):
+        stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+        dest = s.dir.parent.parent / ".stale" / VARIANT / f"{s.name}@{stamp}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        say(f"private: {s.name} stale (changed: {st[6:]}) -> {dest}; searched again")
+        shutil.move(str(s.dir), str(dest))
+    elif st == "again":
+        say(f"private: {s.dir} was left by a search killed part way: deleted and searched "
+            "again from the start (a search is not resumed)")  # fmt: skip
+        shutil.rmtree(s.dir)
+    say(f"private: searching {s.dir}")
+    proc = subprocess.run(command(s, law), capture_output=True, text=True, check=False)
+    if proc.returncode != 0 or not s.finished:
+        say(f"private: {s.name} failed (exit code {proc.returncode}): "
+            f"{_last(proc.stderr or proc.stdout)}")  # fmt: skip
+        return False
+    (s.dir / LOG).write_text(untimed(proc.stdout + proc.stderr))
+    say(f"private: {s.name} done: {_last(untimed(proc.stdout + proc.stderr))}")
+    return True
 
 
 def _last(text: str) -> str:
@@ -183,6 +249,14 @@ def copy(searches: list[Search], dest: Path) -> None:
                 shutil.copy2(s.dir / name, target / name)
 
 
+def law_text(r: dict) -> str:
+    """A record's search law, as the README states it."""
+    rep = r.get("repetitions") or {}
+    return (f"K ~ Repetitions(mean {rep.get('mean', float('nan')):g}, shape "
+            f"{rep.get('shape', float('nan')):g}), score noise {r.get('score_sigma', float('nan')):g} "
+            f"on {r.get('validation_size')} held-out examples")  # fmt: skip
+
+
 def lines(table, private: dict[str, list[dict]], tuned: Callable[[dict], list[float]],
           setting: str) -> list[str]:  # fmt: skip
     """The README section of the privately tuned rows; ``tuned(cell)``: the cell's tuned
@@ -191,35 +265,39 @@ def lines(table, private: dict[str, list[dict]], tuned: Callable[[dict], list[fl
 
     if not private:
         return []
-    first = next(iter(private.values()))[0]
-    law = first["repetitions"]
+    laws = {law_text(r) for recs in private.values() for r in recs}
+    one = next(iter(laws)) if len(laws) == 1 else None
     out = [
         "### Tuned privately (the choice counted)",
         "",
-        f"Each cell's tuning grid searched by `dpsub-select` (`--private-tune`): K ~ "
-        f"Repetitions(mean {law['mean']:g}, shape {law['shape']:g}) runs on candidates drawn "
-        f"from the grid, each scored on {first['validation_size']} held-out training examples "
-        f"with noise of std {first['score_sigma']:g} on its count of correct ones, only the best "
-        "kept. A row's value is the kept models' test accuracy (%), one search per seed; its "
-        "cost is the search's epsilon, which covers the choice.",
+        "Each cell's tuning grid searched by `dpsub-select` (`--private-tune`): "
+        + (f"{one} runs" if one else "a number of runs (each row's law below)")
+        + " on candidates drawn from the grid, each scored with Gaussian noise on its count of "
+        "correct held-out examples, only the best kept. A row's value is the kept models' test "
+        "accuracy (%), one search per seed; its cost is the search's epsilon, which covers the "
+        "choice. The searches ran seeded (each `selection.json` names its seed): whoever holds "
+        "a seed can recompute its K, draws and score noise, as for any seeded run's noise.",
         "",
         "| cell | searches | test (%) | epsilon of a run | epsilon of the search | kept "
         "(lr, clip) | vs tuned without counting |",
-        "|---|---:|---:|---:|---:|---|---|",
+        "|---|---|---:|---:|---:|---|---|",
     ]
     for cell in table.cells(setting):
         recs = private.get(tables.cell_id(cell))
-        if not recs:
-            continue
-        accs = [100 * r["test_accuracy"] for r in recs if r.get("candidate")]
-        kept = "; ".join(" ".join(r["candidate"]) if r.get("candidate") else "none (K = 0)"
-                         for r in recs)  # fmt: skip
-        base = tuned(cell)
-        vs = compare(base, accs).text() if base and accs else "–"
-        label = ", ".join(table.label(a, v) for a, v in cell.items())
-        out.append(
-            f"| {label} | {len(recs)} | {summarize(accs).text()} | "
-            f"{max(r['epsilon_of_each_run'] for r in recs):.3f} | "
-            f"{max(r['epsilon'] for r in recs):.3f} | {kept} | {vs} |"
-        )
+        if recs:
+            out.append(_row(table, cell, recs, tuned(cell), one, compare, summarize))
     return [*out, ""]
+
+
+def _row(table, cell: dict, recs: list[dict], base: list[float], one, compare, summarize) -> str:
+    accs = [100 * r["test_accuracy"] for r in recs if r.get("candidate")]
+    kept = "; ".join(" ".join(r["candidate"]) if r.get("candidate") else "none (K = 0)"
+                     for r in recs)  # fmt: skip
+    vs = compare(base, accs).text() if base and accs else "–"
+    label = ", ".join(table.label(a, v) for a, v in cell.items())
+    n = str(len(recs)) if one else f"{len(recs)}: " + "; ".join(sorted({law_text(r) for r in recs}))
+    return (
+        f"| {label} | {n} | {summarize(accs).text()} | "
+        f"{max(r['epsilon_of_each_run'] for r in recs):.3f} | "
+        f"{max(r['epsilon'] for r in recs):.3f} | {kept} | {vs} |"
+    )

@@ -548,8 +548,9 @@ def main(argv: list[str] | None = None) -> int:
         searches, law = private_plan(args, table)
         if args.dry_run:
             dry_run(args, table, jobs, tuned)
-            private_dry_run(searches, search_seconds(args, table, searches, law))
+            private_dry_run(searches, law, search_seconds(args, table, searches, law))
             return 0
+        fits = search_fit(args, table, searches, law)
         compose_all(jobs + tuned)  # every config valid before anything is written
         stop = None if args.stop_at is None else seconds_until(args.stop_at)
         if args.fit and stop is None:
@@ -563,13 +564,14 @@ def main(argv: list[str] | None = None) -> int:
         say(f"stopping at {args.stop_at} ({stop / 60:.0f} minutes from now)")
     try:
         run_all(jobs, args, table, hydra_ov)
-        fits = search_fit(args, table, searches, law)
         private_tables.run_searches(searches, law, lambda: Deadline.reached, say, fits)
     except SystemExit:
         if Deadline.reached:  # the running job checkpointed (code 143) or none was running
             say(f"stopped at --stop-at {args.stop_at}; the same command resumes")
         raise
-    unfinished = [j for j in [*plan(args, table)[0], *searches] if not j.finished]
+    unfinished = [j for j in plan(args, table)[0] if not j.finished] + [
+        s for s in searches if private_tables.status(s, law) != "done"
+    ]
     if unfinished:
         say(f"{len(unfinished)} jobs unfinished, e.g. {unfinished[0].dir}")
         return 1
@@ -620,18 +622,19 @@ def search_fit(args, table, searches: list, law):
     return lambda s: Deadline.fits(sec[s.dir] * args.fit_margin)
 
 
-def private_dry_run(searches: list, seconds: dict[Path, float]) -> None:
+def private_dry_run(searches: list, law, seconds: dict[Path, float]) -> None:
     if not searches:
         return
     say("\n| variant | search | status | expected CPU |\n|---|---|---|---:|")
     left = 0.0
     for s in searches:
-        st = "done" if s.finished else "again (stopped part way)" if s.dir.exists() else "todo"
+        st = private_tables.status(s, law)
         sec = seconds.get(s.dir, math.nan)
         left += sec if st != "done" and math.isfinite(sec) else 0.0
+        st = f"stale ({st[6:]})" if st.startswith("stale:") else st
         say(f"| {private_tables.VARIANT} | {s.name} | {st} | {costs.hms(sec)} |")
-    say(f"\n{len(searches)} searches; still to run: {costs.hms(left)} CPU (expected: the mean "
-        "number of runs x a grid point's recorded time; unknown ones not counted)")  # fmt: skip
+    say(f"\n{len(searches)} searches (expected times: the mean number of runs x a grid point's "
+        f"recorded time; unknown ones not counted); still to run: {costs.hms(left)} CPU")  # fmt: skip
 
 
 def cli() -> None:
