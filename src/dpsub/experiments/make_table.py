@@ -64,18 +64,26 @@ def plan(table: tables.Table, args, variant: str, **kw) -> list[tables.Job]:
     """The variant's jobs under ``args.runs``; a job not finished there is taken from the
     committed runs in ``args.out`` when it is finished there (``make table`` on a clone whose
     outputs/tables holds only the jobs it re-ran or linked renders the whole table)."""
-    jobs = tables.plan_jobs(table, args.setting, args.runs, variant, extra=args.extra, **kw)
-    out = getattr(args, "out", None)
-    if out is None or Path(out).resolve() == Path(args.runs).resolve():
+    jobs, committed = _both(args, lambda root: tables.plan_jobs(
+        table, args.setting, root, variant, extra=args.extra, **kw))  # fmt: skip
+    if committed is None:
         return jobs
-    committed = tables.plan_jobs(table, args.setting, out, variant, extra=args.extra, **kw)
     # matched by run directory, not by position: a tuning grid is extended only where all of
     # a cell's points are finished, so each plan can hold jobs the other lacks (the union)
-    done = {Path(c.dir).relative_to(out): c for c in committed if c.finished}
+    done = {Path(c.dir).relative_to(args.out): c for c in committed if c.finished}
     rel = [Path(j.dir).relative_to(args.runs) for j in jobs]
     merged = [j if j.finished else done.get(r, j) for j, r in zip(jobs, rel, strict=True)]
     planned = set(rel)
     return merged + [c for r, c in done.items() if r not in planned]
+
+
+def _both(args, make):
+    """``make(args.runs)``, and ``make(args.out)`` when a committed ``args.out`` other than the
+    runs folder is given (else None): the plan where runs are made and the committed one."""
+    out = getattr(args, "out", None)
+    if out is None or Path(out).resolve() == Path(args.runs).resolve():
+        return make(args.runs), None
+    return make(args.runs), make(out)
 
 
 def collect(table: tables.Table, args) -> dict[str, dict[str, list[tables.Job]]]:
@@ -103,14 +111,14 @@ def collect(table: tables.Table, args) -> dict[str, dict[str, list[tables.Job]]]
 
 def private_searches(table: tables.Table, args) -> list:
     """The ``--private-tune`` searches under ``args.runs``, a finished one from the committed
-    ``args.out`` where the runs lack it (as :func:`plan`)."""
+    ``args.out`` where the runs lack it (as :func:`plan`; a search's grid is fixed, so the two
+    plans match by position)."""
     if table.tune_of(args.setting) is None:
         return []
-    searches = private_tables.plan_searches(table, args.setting, args.runs, args.extra)
-    out = getattr(args, "out", None)
-    if out is None or Path(out).resolve() == Path(args.runs).resolve():
+    searches, committed = _both(args, lambda root: private_tables.plan_searches(
+        table, args.setting, root, args.extra))  # fmt: skip
+    if committed is None:
         return searches
-    committed = private_tables.plan_searches(table, args.setting, out, args.extra)
     return [s if s.finished else c for s, c in zip(searches, committed, strict=True)]
 
 

@@ -29,7 +29,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,24 +192,29 @@ def _search(s: Search, law: Law, say) -> bool:
     if st == "done":
         return True
     if st.startswith("stale:"):
-        stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
-        dest = s.dir.parent.parent / ".stale" / VARIANT / f"{s.name}@{stamp}"
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest = tables.set_aside(s.dir, s.dir.parent.parent, VARIANT)
         say(f"private: {s.name} stale (changed: {st[6:]}) -> {dest}; searched again")
-        shutil.move(str(s.dir), str(dest))
     elif st == "again":
         say(f"private: {s.dir} was left by a search killed part way: deleted and searched "
             "again from the start (a search is not resumed)")  # fmt: skip
         shutil.rmtree(s.dir)
     say(f"private: searching {s.dir}")
-    proc = subprocess.run(command(s, law), capture_output=True, text=True, check=False)
+    proc = run_select(command(s, law), s.dir)
     if proc.returncode != 0 or not s.finished:
         say(f"private: {s.name} failed (exit code {proc.returncode}): "
             f"{_last(proc.stderr or proc.stdout)}")  # fmt: skip
         return False
-    (s.dir / LOG).write_text(untimed(proc.stdout + proc.stderr))
     say(f"private: {s.name} done: {_last(untimed(proc.stdout + proc.stderr))}")
     return True
+
+
+def run_select(cmd: list[str], out: Path) -> subprocess.CompletedProcess:
+    """One ``dpsub-select`` command (a child process) searching into ``out``; when it finished,
+    its output is kept as ``out/select.log`` without clock times (:func:`untimed`)."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode == 0 and (out / SELECTION).is_file():
+        (out / LOG).write_text(untimed(proc.stdout + proc.stderr))
+    return proc
 
 
 def _last(text: str) -> str:

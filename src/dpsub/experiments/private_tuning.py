@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from dpsub.experiments.private_tables import untimed
+from dpsub.experiments.private_tables import run_select
 from dpsub.experiments.stats import compare, summarize
 from dpsub.paths import project_root
 from dpsub.rundir import SELECTION
@@ -57,10 +56,9 @@ def run_missing(overrides: list[str]) -> None:
             cmd = [sys.executable, "-m", "dpsub.cli.select", *GRID, *SEARCH, "--seed",
                    str(seed), "--out", str(out), *BASE, *extra, *overrides]  # fmt: skip
             print("running:", " ".join(cmd[1:]), flush=True)
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            proc = run_select(cmd, out)  # keeps select.log, its clock times removed
             if proc.returncode != 0:
                 sys.exit(f"private_tuning: {arm} seed {seed} failed:\n{proc.stderr[-2000:]}")
-            (out / "select.log").write_text(untimed(proc.stdout + proc.stderr))
 
 
 def render() -> str:

@@ -293,15 +293,11 @@ def dry_run(args, table, jobs, tuned) -> None:
 
 # --------------------------------------------------------------- launch
 def set_aside_stale(jobs, states, base: Path) -> None:
-    """Move each stale run to ``<setting>/.stale/<variant>/<job>@<time>`` (git-ignored): its
-    files are kept, the table no longer sees them, and the job runs again."""
-    stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    """Set each stale run aside (:func:`tables.set_aside`): the job runs again."""
     for j in jobs:
         st = states[j.dir]
         if st.startswith("stale:"):
-            dest = base / ".stale" / j.variant / f"{j.dir.name}@{stamp}"
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            j.dir.rename(dest)
+            dest = tables.set_aside(j.dir, base, j.variant)
             say(f"stale {j.variant}/{j.name} (changed: {st[6:]}) -> {dest}; running it again")
             states[j.dir] = "todo"
 

@@ -28,7 +28,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import shutil
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -514,6 +516,18 @@ def setting_dir(root: Path, table: Table, setting: str, extra: list[str]) -> Pat
     """``<root>/<table>/<setting>``; overrides that change a run are appended to the name."""
     name = setting + "".join(f"+{o}" for o in sorted(extra))
     return Path(root) / table.name / name.replace("/", "_")
+
+
+STALE = ".stale"  # <setting>/.stale/<variant>/<run>@<time> (git-ignored)
+
+
+def set_aside(run_dir: Path, setting: Path, variant: str) -> Path:
+    """Move a stale run or search to ``<setting>/.stale/<variant>/<name>@<time>``, where its
+    files are kept and the table no longer sees them; the new place."""
+    dest = setting / STALE / variant / f"{run_dir.name}@{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(run_dir), str(dest))
+    return dest
 
 
 def plan_jobs(
