@@ -77,6 +77,34 @@ def _simulated(sim, summary: dict) -> str | None:
     return None
 
 
+def account_of(s, n: int):
+    """``(steps, mechanism, simulation, PrivacyAccount)`` of a run of settings ``s`` over ``n``
+    private examples, opened from the config as the trainer opens it."""
+    _, steps = plan_steps(s, n)
+    mech = build_mechanism(s.mechanism_name, s.mechanism)
+    p = s.privacy
+    sim = simulate.reference(
+        p.simulate, batch_size=s.train.batch_size, n=n, steps=steps, phases_of=mech.phases,
+        epsilon=p.epsilon, delta=p.delta, accountant=p.accountant,
+    )  # fmt: skip
+    acct = PrivacyAccount.open(
+        n=n, batch_size=s.train.batch_size, steps=steps,
+        phases=mech.phases(steps) if mech.private else None, policy=mech.accounting,
+        epsilon=p.epsilon, delta=p.delta, accountant=p.accountant,
+        noise_multiplier=p.noise_multiplier, simulation=sim if mech.private else None,
+    )  # fmt: skip
+    return steps, mech, sim, acct
+
+
+def stepped_rdp(acct, steps: int):
+    """The RDP curve of ``steps`` steps charged one at a time, as the trainer charges them
+    (not the plan's own curve)."""
+    ledger = PrivacyLedger(acct.ledger.delta, acct.ledger.accountant)
+    for t in range(steps):
+        ledger.step(acct.multiplier(t), acct.q)
+    return ledger.rdp()
+
+
 def check_run(run: RunDir, cache: dict) -> str | None:
     """None if the run's z and epsilon reproduce exactly, else why not; 'skip: ...' if its
     data is not on this machine."""
@@ -91,21 +119,9 @@ def check_run(run: RunDir, cache: dict) -> str | None:
     n = cache[key]
     if isinstance(n, str):
         return n
-    _, steps = plan_steps(s, n)
-    mech = build_mechanism(s.mechanism_name, s.mechanism)
-    p = s.privacy
-    sim = simulate.reference(
-        p.simulate, batch_size=s.train.batch_size, n=n, steps=steps, phases_of=mech.phases,
-        epsilon=p.epsilon, delta=p.delta, accountant=p.accountant,
-    )  # fmt: skip
+    steps, mech, sim, acct = account_of(s, n)
     if (why := _simulated(sim, summary)) is not None:
         return why
-    acct = PrivacyAccount.open(
-        n=n, batch_size=s.train.batch_size, steps=steps,
-        phases=mech.phases(steps) if mech.private else None, policy=mech.accounting,
-        epsilon=p.epsilon, delta=p.delta, accountant=p.accountant,
-        noise_multiplier=p.noise_multiplier, simulation=sim if mech.private else None,
-    )  # fmt: skip
     if steps != summary["planned_steps"]:
         return f"planned steps {steps} != {summary['planned_steps']}"
     if acct.z != float(summary["noise_multiplier"]):
@@ -117,6 +133,6 @@ def check_run(run: RunDir, cache: dict) -> str | None:
     every = s.train.checkpoint_every or steps
     resumes = [None, *range(every, summary["steps"], every), *resumed_at(run)]
     got = [_ledger_epsilon(acct, summary["steps"], r) for r in resumes]
-    rel = PRV_REL if p.accountant == "prv" else 0.0
+    rel = PRV_REL if s.privacy.accountant == "prv" else 0.0
     same = any(abs(g - summary["epsilon"]) <= rel * g for g in got)
     return None if same else f"epsilon {got[0]!r} != {summary['epsilon']!r}"
