@@ -32,7 +32,8 @@ steps_per_s that finished runs of the same setting recorded (under ``<out>`` and
 ones: a couple of steps of each distinct setting (dataset shape, model, mechanism, batch,
 anchors) with the trainer's own ``build_run``/``train_step`` on synthetic data of the same
 shape (CPU time of one core). The GPU column is the CPU time divided by ``--gpu-speedup``
-(an assumption, not a measurement: no GPU has been lent to this project yet). Step times
+(an assumption: the lent GPUs measured ~56x for a GP step and ~200x for GEP's, docs/gpu.md,
+but a card's speed-up depends on the model and the mechanism). Step times
 committed in ``results/tables/step_times.json`` fill in where this machine has none.
 
 A finished run anywhere under ``<out>`` or among the runs committed in ``results/``
