@@ -143,6 +143,47 @@ def test_state_dict_resumes_exactly():
     assert again.state_dict()["ledger"] == private.state_dict()["ledger"]
 
 
+def test_a_rollback_never_lowers_what_the_session_spent():
+    """Loading an earlier state into a session that has released since: those releases stay
+    charged (secure mode replays them with fresh noise: 2 x 6 releases, not 6)."""
+    _, _, private = session(secure=True)
+    start = private.state_dict()
+    for _ in range(6):
+        private.step()
+    spent = private.ledger.steps
+    private.load_state_dict(start)
+    assert private.steps == 0 and private.ledger.steps == spent == 6
+    with pytest.raises(dpsub.BudgetExhausted, match="budget affords no further step"):
+        private.step()  # the budget of epsilon 2 was calibrated for 6 releases
+    _, _, free = session(secure=True, epsilon=None, noise_multiplier=1.0)
+    start = free.state_dict()
+    for _ in range(3):
+        free.step()
+    mid = free.state_dict()
+    for _ in range(3):
+        free.step()
+    free.load_state_dict(mid)  # its own later state: only the 3 releases after it again
+    assert free.ledger.steps == 6
+    for _ in range(3):
+        free.step()
+    free.load_state_dict(start)
+    assert free.ledger.steps == 9  # every release it made, each charged once
+    _, _, ref = session(epsilon=None, noise_multiplier=1.0, steps=9)
+    for _ in range(9):
+        ref.step()
+    assert free.epsilon == ref.epsilon
+
+
+def test_a_fresh_session_resumes_a_saved_state_without_extra_charge():
+    _, _, private = session()
+    for _ in range(3):
+        private.step()
+    state = private.state_dict()
+    _, _, again = session()
+    again.load_state_dict(state)
+    assert again.ledger.steps == 3 and again.epsilon == private.epsilon
+
+
 def _saved(state):
     import io
 

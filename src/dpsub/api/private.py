@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import secrets
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -117,6 +118,10 @@ def make_private(
     return PrivateTraining(run)
 
 
+#: the key of a state_dict that names the session that saved it and its releases by then
+SESSION = "api_session"
+
+
 class PrivateTraining:
     """One private training: Poisson batches, private releases, the epsilon spent.
 
@@ -129,6 +134,11 @@ class PrivateTraining:
     def __init__(self, run: Run):
         self.run = run
         self._drawn: tuple[Tensor, Tensor, Tensor] | None = None
+        # every release this session made, as charged ((z, q) honest, (z, q) nominal or
+        # None), and a token naming the session in its states: load_state_dict charges
+        # again what a loaded state does not hold (a rollback never lowers the spending)
+        self._charges: list[tuple[tuple[float, float], tuple[float, float] | None]] = []
+        self._session = secrets.token_hex(8)
 
     # ----------------------------------------------------------------- state
     @property
@@ -161,10 +171,24 @@ class PrivateTraining:
 
     def state_dict(self) -> dict:
         """Everything to continue exactly: model, optimizer, ledger, sampler, mechanism, rng."""
-        return run_state(self.run)
+        return {
+            **run_state(self.run),
+            SESSION: {"id": self._session, "releases": len(self._charges)},
+        }
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state``. What this session has spent is never lowered: the releases
+        it made that ``state`` does not hold (all of them, for a state of another session; those
+        after it was saved, for one of its own) are charged again on top of its ledger, so a
+        rollback and replay is charged twice (docs/api.md)."""
+        own = state.get(SESSION) or {}
+        held = int(own.get("releases", 0)) if own.get("id") == self._session else 0
         load_run_state(self.run, state)
+        acct = self.run.account
+        for honest, nominal in self._charges[held:]:
+            acct.ledger.step(*honest)
+            if nominal is not None and acct.nominal is not None:
+                acct.nominal.step(*nominal)
 
     # ----------------------------------------------------------------- steps
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
@@ -186,13 +210,13 @@ class PrivateTraining:
         if drawn is None or x is not drawn[1] or y is not drawn[2]:
             raise ValueError("backward() releases only the batch batches() drew last")
         self._within_plan()
-        return self._checked(release(self.run, drawn[0]))
+        return self._charged(lambda: release(self.run, drawn[0]))
 
     def step(self) -> StepOutcome:
         """Draw a Poisson batch, release its private gradient, step the optimizer (and the
         scheduler, if given)."""
         self._within_plan()
-        return self._checked(train_step(self.run))
+        return self._charged(lambda: train_step(self.run))
 
     # ------------------------------------------------------------ averaging
     def update_average(self) -> None:
@@ -217,6 +241,16 @@ class PrivateTraining:
                 f"the planned {self.run.total_steps} steps are done (epsilon spent "
                 f"{self.epsilon:.4g}); nothing was released"
             )
+
+    def _charged(self, make: Callable[[], StepOutcome]) -> StepOutcome:
+        """Run one release and keep what it charged (for :meth:`load_state_dict`)."""
+        acct = self.run.account
+        before = acct.ledger.steps if acct.ledger is not None else 0
+        out = self._checked(make())
+        if acct.ledger is not None and acct.ledger.steps > before:
+            last = lambda led: tuple(led.history[-1][:2])  # noqa: E731
+            self._charges.append((last(acct.ledger), last(acct.nominal) if acct.nominal else None))
+        return out
 
     def _checked(self, out: StepOutcome) -> StepOutcome:
         if out.stopped_by_budget:

@@ -881,6 +881,20 @@ MUTANTS = (
         ("tests/integration/test_private_tables.py", "-k", "search_cost"),
     ),
     Mutant(
+        "api-rollback-lowers-what-the-session-spent",
+        "src/dpsub/api/private.py",
+        "        for honest, nominal in self._charges[held:]:",
+        "        for honest, nominal in []:",
+        ("tests/integration/test_api.py", "-k", "rollback"),
+    ),
+    Mutant(
+        "api-rollback-charges-the-releases-a-state-holds-twice",
+        "src/dpsub/api/private.py",
+        '        held = int(own.get("releases", 0)) if own.get("id") == self._session else 0',
+        "        held = 0",
+        ("tests/integration/test_api.py", "-k", "rollback"),
+    ),
+    Mutant(
         "private-search-log-keeps-the-clock-times",
         "src/dpsub/experiments/private_tables.py",
         'return _CLOCK.sub("", text)',
