@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 
@@ -143,42 +144,97 @@ def test_state_dict_resumes_exactly():
     assert again.state_dict()["ledger"] == private.state_dict()["ledger"]
 
 
+def _free(**kw):
+    """A session without a budget (a fixed multiplier): every release is allowed."""
+    return session(**{"epsilon": None, "noise_multiplier": 1.0, "steps": 20, **kw})[2]
+
+
+def _steps(private, n: int):
+    for _ in range(n):
+        private.step()
+    return copy.deepcopy(private.state_dict())
+
+
 def test_a_rollback_never_lowers_what_the_session_spent():
     """Loading an earlier state into a session that has released since: those releases stay
     charged (secure mode replays them with fresh noise: 2 x 6 releases, not 6)."""
     _, _, private = session(secure=True)
-    start = private.state_dict()
-    for _ in range(6):
-        private.step()
-    spent = private.ledger.steps
+    start = copy.deepcopy(private.state_dict())
+    _steps(private, 6)
     private.load_state_dict(start)
-    assert private.steps == 0 and private.ledger.steps == spent == 6
-    with pytest.raises(dpsub.BudgetExhausted, match="budget affords no further step"):
+    assert private.steps == 0 and private.ledger.steps == 6
+    with pytest.raises(dpsub.BudgetExhausted, match="by 6 releases"):
         private.step()  # the budget of epsilon 2 was calibrated for 6 releases
-    _, _, free = session(secure=True, epsilon=None, noise_multiplier=1.0)
-    start = free.state_dict()
-    for _ in range(3):
-        free.step()
-    mid = free.state_dict()
-    for _ in range(3):
-        free.step()
+    free = _free(secure=True)
+    start, mid = copy.deepcopy(free.state_dict()), _steps(free, 3)
+    _steps(free, 3)
     free.load_state_dict(mid)  # its own later state: only the 3 releases after it again
     assert free.ledger.steps == 6
-    for _ in range(3):
-        free.step()
+    _steps(free, 3)
     free.load_state_dict(start)
     assert free.ledger.steps == 9  # every release it made, each charged once
-    _, _, ref = session(epsilon=None, noise_multiplier=1.0, steps=9)
-    for _ in range(9):
-        ref.step()
+    ref = _free()
+    _steps(ref, 9)
     assert free.epsilon == ref.epsilon
+
+
+def test_states_passed_between_sessions_never_drop_or_repeat_a_release():
+    a = _free()
+    c3, c6 = _steps(a, 3), _steps(a, 3)
+    b = _free()
+    b.load_state_dict(c6)
+    _steps(b, 3)
+    b.load_state_dict(c3)  # a's releases 4-6 came with c6: still charged, with b's 3
+    assert b.ledger.steps == 9
+    b.load_state_dict(c6)  # nothing new: the same 9
+    assert b.ledger.steps == 9
+    x, y = _free(), _free()
+    sx = _steps(x, 3)
+    y.load_state_dict(sx)
+    sy = _steps(y, 2)
+    x.load_state_dict(sy)  # y's state holds x's 3 releases: 5 in all, none twice
+    assert x.ledger.steps == 5
+    cli = {k: v for k, v in sy.items() if k != "api_releases"}  # a state without the list
+    fresh = _free()
+    fresh.load_state_dict(cli)
+    _steps(fresh, 1)
+    fresh.load_state_dict(cli)
+    assert fresh.ledger.steps == 6
+
+
+def test_a_release_interrupted_after_its_charge_or_a_failed_load_keeps_it_charged():
+    model, opt, free = session(epsilon=None, noise_multiplier=1.0, steps=20)
+    start = copy.deepcopy(free.state_dict())
+    step, opt.step = opt.step, lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt):
+        free.step()  # released and charged, then the optimizer failed
+    opt.step = step
+    free.load_state_dict(start)
+    assert free.ledger.steps == 1
+    broken = copy.deepcopy(start)  # fails after its (empty) ledger was put in place
+    del broken["step"]
+    with pytest.raises(KeyError):
+        free.load_state_dict(broken)
+    assert free.ledger.steps == 1
+
+
+def test_a_rollback_keeps_the_nominal_ledger_too():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 4), nn.ReLU(), nn.Linear(4, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.3)
+    hero = dpsub.make_private(model, opt, blobs(), batch_size=60, epsilon=50.0, steps=6,
+                              noise_multiplier=2.0, mechanism="dphero",
+                              options={"accounting": "nominal"})  # fmt: skip
+    start = copy.deepcopy(hero.state_dict())
+    _steps(hero, 3)
+    spent = hero.run.account.epsilons()
+    hero.load_state_dict(start)
+    assert hero.run.account.epsilons() == spent and hero.run.account.nominal.steps == 3
 
 
 def test_a_fresh_session_resumes_a_saved_state_without_extra_charge():
     _, _, private = session()
-    for _ in range(3):
-        private.step()
-    state = private.state_dict()
+    state = _steps(private, 3)
     _, _, again = session()
     again.load_state_dict(state)
     assert again.ledger.steps == 3 and again.epsilon == private.epsilon

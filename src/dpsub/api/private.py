@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 
+from dpsub.api.releases import KEY as RELEASES
+from dpsub.api.releases import ReleaseBook
 from dpsub.data.augment import Augmult, view_padding
 from dpsub.data.aux import AuxData
 from dpsub.data.datasets import DatasetBundle
@@ -118,10 +119,6 @@ def make_private(
     return PrivateTraining(run)
 
 
-#: the key of a state_dict that names the session that saved it and its releases by then
-SESSION = "api_session"
-
-
 class PrivateTraining:
     """One private training: Poisson batches, private releases, the epsilon spent.
 
@@ -134,11 +131,7 @@ class PrivateTraining:
     def __init__(self, run: Run):
         self.run = run
         self._drawn: tuple[Tensor, Tensor, Tensor] | None = None
-        # every release this session made, as charged ((z, q) honest, (z, q) nominal or
-        # None), and a token naming the session in its states: load_state_dict charges
-        # again what a loaded state does not hold (a rollback never lowers the spending)
-        self._charges: list[tuple[tuple[float, float], tuple[float, float] | None]] = []
-        self._session = secrets.token_hex(8)
+        self._book = ReleaseBook()  # every release the ledger charges (load_state_dict)
 
     # ----------------------------------------------------------------- state
     @property
@@ -153,7 +146,8 @@ class PrivateTraining:
 
     @property
     def steps(self) -> int:
-        """Releases made so far."""
+        """Steps of the current trajectory (a loaded state sets it back; the ledger counts
+        every release)."""
         return self.run.step
 
     @property
@@ -170,25 +164,23 @@ class PrivateTraining:
         return self.run.ledger
 
     def state_dict(self) -> dict:
-        """Everything to continue exactly: model, optimizer, ledger, sampler, mechanism, rng."""
-        return {
-            **run_state(self.run),
-            SESSION: {"id": self._session, "releases": len(self._charges)},
-        }
+        """Everything to continue exactly: model, optimizer, ledger, sampler, mechanism, rng,
+        and the releases the ledger charges."""
+        return {**run_state(self.run), RELEASES: self._book.state()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state``. What this session has spent is never lowered: the releases
-        it made that ``state`` does not hold (all of them, for a state of another session; those
-        after it was saved, for one of its own) are charged again on top of its ledger, so a
-        rollback and replay is charged twice (docs/api.md)."""
-        own = state.get(SESSION) or {}
-        held = int(own.get("releases", 0)) if own.get("id") == self._session else 0
-        load_run_state(self.run, state)
+        """Continue from ``state``. What this session has spent is never lowered: every
+        release its ledger charged that ``state`` does not hold is charged again on top of
+        the state's ledger (a rollback and replay is charged twice: docs/api.md). A load
+        that fails part way leaves the ledgers as they were."""
         acct = self.run.account
-        for honest, nominal in self._charges[held:]:
-            acct.ledger.step(*honest)
-            if nominal is not None and acct.nominal is not None:
-                acct.nominal.step(*nominal)
+        kept = acct.ledger, acct.nominal
+        try:
+            load_run_state(self.run, state)
+            self._book.after_load(state, acct)
+        except BaseException:
+            acct.ledger, acct.nominal = kept
+            raise
 
     # ----------------------------------------------------------------- steps
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
@@ -246,17 +238,18 @@ class PrivateTraining:
         """Run one release and keep what it charged (for :meth:`load_state_dict`)."""
         acct = self.run.account
         before = acct.ledger.steps if acct.ledger is not None else 0
-        out = self._checked(make())
-        if acct.ledger is not None and acct.ledger.steps > before:
-            last = lambda led: tuple(led.history[-1][:2])  # noqa: E731
-            self._charges.append((last(acct.ledger), last(acct.nominal) if acct.nominal else None))
-        return out
+        try:
+            out = make()
+        finally:  # charged, then interrupted (the optimizer, Ctrl-C): still recorded
+            if acct.ledger is not None and acct.ledger.steps > before:
+                self._book.record(acct)
+        return self._checked(out)
 
     def _checked(self, out: StepOutcome) -> StepOutcome:
         if out.stopped_by_budget:
             raise BudgetExhausted(
                 f"the privacy budget affords no further step (epsilon spent {self.epsilon:.4g} "
-                f"after {self.run.step} steps); nothing was released"
+                f"by {self.ledger.steps} releases); nothing was released"
             )
         return out
 
