@@ -178,7 +178,7 @@ def test_a_rollback_never_lowers_what_the_session_spent():
     assert free.epsilon == ref.epsilon
 
 
-def test_states_passed_between_sessions_never_drop_or_repeat_a_release():
+def test_states_passed_between_sessions_never_drop_a_release():
     a = _free()
     c3, c6 = _steps(a, 3), _steps(a, 3)
     b = _free()
@@ -194,12 +194,33 @@ def test_states_passed_between_sessions_never_drop_or_repeat_a_release():
     sy = _steps(y, 2)
     x.load_state_dict(sy)  # y's state holds x's 3 releases: 5 in all, none twice
     assert x.ledger.steps == 5
-    cli = {k: v for k, v in sy.items() if k != "api_releases"}  # a state without the list
-    fresh = _free()
-    fresh.load_state_dict(cli)
-    _steps(fresh, 1)
-    fresh.load_state_dict(cli)
-    assert fresh.ledger.steps == 6
+
+    def keyless(state):  # as a dpsub-train checkpoint's: no list of releases
+        return {k: v for k, v in state.items() if k != "api_releases"}
+
+    a3, b3 = keyless(_steps(_free(), 3)), keyless(_steps(_free(seed=1), 3))
+    c = _free()
+    c.load_state_dict(a3)  # two runs' states with equal ledgers are different releases
+    _steps(c, 2)
+    c.load_state_dict(b3)
+    assert c.ledger.steps == 8
+    c.load_state_dict(a3)  # loaded again, a keyless state counts again (the safe side)
+    assert c.ledger.steps == 11
+    fork = _free(secure=True)
+    _steps(fork, 2)
+    twin = copy.deepcopy(fork)  # a copied session names its next releases apart
+    _steps(fork, 1)
+    fork.load_state_dict(_steps(twin, 1))
+    assert fork.ledger.steps == 4
+
+
+def test_a_private_session_refuses_a_non_private_state():
+    state = copy.deepcopy(session(mechanism="nonprivate", epsilon=None)[2].state_dict())
+    private = _free()
+    _steps(private, 2)
+    with pytest.raises(ValueError, match="no privacy ledger"):
+        private.load_state_dict(state)
+    assert private.ledger.steps == 2
 
 
 def test_a_release_interrupted_after_its_charge_or_a_failed_load_keeps_it_charged():

@@ -174,6 +174,9 @@ class PrivateTraining:
         the state's ledger (a rollback and replay is charged twice: docs/api.md). A load
         that fails part way leaves the ledgers as they were."""
         acct = self.run.account
+        if acct.ledger is not None and state.get("ledger") is None:
+            raise ValueError("state: it holds no privacy ledger (a non-private session's); a "
+                             "private session cannot continue from it")  # fmt: skip
         kept = acct.ledger, acct.nominal
         try:
             load_run_state(self.run, state)

@@ -895,6 +895,20 @@ MUTANTS = (
         ("tests/integration/test_api.py", "-k", "between_sessions"),
     ),
     Mutant(
+        "api-release-ids-repeat-across-sessions",
+        "src/dpsub/api/releases.py",
+        "        self.known[secrets.token_hex(12)] = (last(account.ledger), nominal)",
+        "        self.known[str(len(self.known))] = (last(account.ledger), nominal)",
+        ("tests/integration/test_api.py", "-k", "between_sessions"),
+    ),
+    Mutant(
+        "api-checkpoints-with-equal-ledgers-taken-for-one-set-of-releases",
+        "src/dpsub/api/releases.py",
+        "    return {secrets.token_hex(12): (zq, pair(i)) for i, zq in enumerate(honest)}",
+        '    return {f"state:{i}": (zq, pair(i)) for i, zq in enumerate(honest)}',
+        ("tests/integration/test_api.py", "-k", "between_sessions"),
+    ),
+    Mutant(
         "api-failed-load-leaves-the-states-ledger",
         "src/dpsub/api/private.py",
         "            acct.ledger, acct.nominal = kept",
