@@ -35,3 +35,12 @@ def test_continuing_a_sweep_refuses_an_added_sweep(tmp_path):
     assert "train.log_every=5" in continue_args(tmp_path, ["train.log_every=5"])
     with pytest.raises(ConfigError, match="one value"):
         continue_args(tmp_path, ["train.log_every=5,10"])
+
+
+def test_two_lanes_launching_in_the_same_second_get_their_own_sweep_folders(tmp_path):
+    """Both lanes once wrote <setting>/.sweeps/<second>/jobs.json, the second over the first,
+    and both trained the second lane's job (the run dir's lock then stopped one of them)."""
+    from dpsub.experiments.reproduce import new_sweep_dir
+
+    a, b = new_sweep_dir(tmp_path), new_sweep_dir(tmp_path)
+    assert a != b and a.is_dir() and b.is_dir() and a.parent == b.parent == tmp_path / ".sweeps"

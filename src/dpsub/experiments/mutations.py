@@ -909,6 +909,13 @@ MUTANTS = (
         ("tests/integration/test_api.py", "-k", "between_sessions"),
     ),
     Mutant(
+        "two-lanes-share-a-sweep-folder",
+        "src/dpsub/experiments/reproduce.py",
+        '    return Path(tempfile.mkdtemp(prefix=f"{stamp}_", dir=base / ".sweeps"))',
+        '    return base / ".sweeps" / stamp',
+        ("tests/unit/test_sweep_dirs.py", "-k", "same_second"),
+    ),
+    Mutant(
         "api-failed-load-leaves-the-states-ledger",
         "src/dpsub/api/private.py",
         "            acct.ledger, acct.nominal = kept",

@@ -427,9 +427,18 @@ def run_phase(jobs, args, hydra_ov, label: str) -> None:
     say(f"{label}: {len(jobs)} jobs, {len(jobs) - len(pending)} finished or reused, "
         f"{len(pending)} to run")  # fmt: skip
     if pending:
-        stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         fit = fit_seconds(pending, cfgs, args) if args.fit else {}
-        launch(pending, base / ".sweeps" / stamp, hydra_ov, fit)
+        launch(pending, new_sweep_dir(base), hydra_ov, fit)
+
+
+def new_sweep_dir(base: Path) -> Path:
+    """``<setting>/.sweeps/<time>_<suffix>``, made here and unique: two lanes that launch in
+    the same second must not write one ``jobs.json`` (each would then run the other's jobs)."""
+    import tempfile
+
+    (base / ".sweeps").mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    return Path(tempfile.mkdtemp(prefix=f"{stamp}_", dir=base / ".sweeps"))
 
 
 def fit_seconds(jobs: list[tables.Job], cfgs: dict, args) -> dict[Path, float]:
