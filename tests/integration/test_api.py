@@ -253,6 +253,20 @@ def test_a_rollback_keeps_the_nominal_ledger_too():
     assert hero.run.account.epsilons() == spent and hero.run.account.nominal.steps == 3
 
 
+def test_a_state_of_another_privacy_setting_is_refused():
+    """Its ledger would bring its own delta and budget: a session declared epsilon 2 at delta
+    1e-5 took a state without a budget at delta 1e-2 and released past its budget."""
+    other = session(epsilon=None, noise_multiplier=0.8, delta=1e-2, steps=40)[2]
+    state = _steps(other, 4)
+    _, _, private = session(steps=40)
+    with pytest.raises(ValueError, match="delta"):
+        private.load_state_dict(state)
+    unbudgeted = _steps(session(epsilon=None, noise_multiplier=0.8, steps=40)[2], 2)
+    with pytest.raises(ValueError, match="budget"):
+        private.load_state_dict(unbudgeted)
+    assert private.ledger.steps == 0 and private.delta == 1e-5
+
+
 def test_a_fresh_session_resumes_a_saved_state_without_extra_charge():
     _, _, private = session()
     state = _steps(private, 3)

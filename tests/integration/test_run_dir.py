@@ -218,3 +218,59 @@ def test_a_resumed_run_s_step_lines_show_the_last_evaluated_accuracy(tmp_path, m
         train(cfg, tmp_path / "run", resume=True)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 4/4")]
     assert line.endswith(f"test acc {100 * acc:.2f}%"), line
+
+
+def test_a_secure_resume_without_its_ledger_journal_is_refused(tmp_path):
+    """The journal (ledger.json, written before every release) is a secure run's only record
+    of the steps after its checkpoint: resuming without it, or with an older one, would
+    charge those releases nowhere."""
+    cfg = compose_cfg(*SYNTH, "train.max_steps=6", "train.checkpoint_every=2", "privacy.rng=secure")
+    run_dir = tmp_path / "run"
+    handle = kill_after(5)
+    try:
+        with pytest.raises(Killed):
+            train(cfg, run_dir)
+    finally:
+        handle.remove()
+    journal = (run_dir / "ledger.json").read_bytes()
+    (run_dir / "ledger.json").unlink()
+    with pytest.raises(ConfigError, match="ledger.json is missing or counts fewer steps"):
+        train(cfg, run_dir, resume=True)
+    (run_dir / "ledger.json").write_bytes(journal)
+    res = train(cfg, run_dir, resume=True)
+    assert counted(run_dir) == 6 + res.steps - 4  # the journal's 6, then the steps from 4 again
+
+
+def test_a_resume_that_reseeds_checkpoints_the_new_streams_before_its_first_step(
+    tmp_path, monkeypatch
+):
+    """A clean checkpoint moved to another device type: the streams are reseeded. A checkpoint
+    of the new streams is written before any step, so a crash there cannot send the old
+    device's checkpoint (other noise for the same steps) back into service."""
+    import torch
+
+    from dpsub.training import loop as trainer
+
+    def stop_at_2(run, stop):
+        stop.signum = signal.SIGTERM
+        return run.step == 2
+
+    cfg = compose_cfg(*SYNTH, "train.max_steps=4", "train.checkpoint_every=0")
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr(trainer, "_stop_requested", stop_at_2)
+    with pytest.raises(SystemExit):
+        train(cfg, run_dir)
+    monkeypatch.undo()
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert ckpt["state"]["clean"]
+    devices = ckpt["state"]["rng"]["devices"]
+    ckpt["state"]["rng"]["devices"] = dict.fromkeys(devices, "cuda")  # drawn on another type
+    torch.save(ckpt, run_dir / "checkpoint.pt")
+    handle = kill_after(0)  # killed at its first release after the resume
+    try:
+        with pytest.raises(Killed):
+            train(cfg, run_dir, resume=True)
+    finally:
+        handle.remove()
+    now = torch.load(run_dir / "checkpoint.pt", weights_only=False)["state"]
+    assert now["step"] == 2 and not now["clean"] and now["rng"]["devices"] == devices

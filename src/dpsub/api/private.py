@@ -177,6 +177,13 @@ class PrivateTraining:
         if acct.ledger is not None and state.get("ledger") is None:
             raise ValueError("state: it holds no privacy ledger (a non-private session's); a "
                              "private session cannot continue from it")  # fmt: skip
+        for name, mine in (("ledger", acct.ledger), ("nominal", acct.nominal)):
+            theirs = state.get(name) or {}
+            for key in ("delta", "accountant", "budget") if mine is not None and theirs else ():
+                if theirs.get(key) != getattr(mine, key):
+                    raise ValueError(f"state: its {name} has {key} {theirs.get(key)!r}, this "
+                                     f"session's {getattr(mine, key)!r}: a state continues only "
+                                     "a session of the same privacy setting")  # fmt: skip
         kept = acct.ledger, acct.nominal
         try:
             load_run_state(self.run, state)

@@ -916,6 +916,27 @@ MUTANTS = (
         ("tests/unit/test_sweep_dirs.py", "-k", "same_second"),
     ),
     Mutant(
+        "api-state-of-another-privacy-setting-accepted",
+        "src/dpsub/api/private.py",
+        "                if theirs.get(key) != getattr(mine, key):",
+        "                if False:",
+        ("tests/integration/test_api.py", "-k", "another_privacy_setting"),
+    ),
+    Mutant(
+        "secure-resume-without-its-ledger-journal",
+        "src/dpsub/training/loop.py",
+        "        if run.ledger.steps and (journal is None or journal.steps < run.ledger.steps):",
+        "        if False:",
+        ("tests/integration/test_run_dir.py", "-k", "journal"),
+    ),
+    Mutant(
+        "reseeded-resume-leaves-the-old-devices-checkpoint",
+        "src/dpsub/training/loop.py",
+        "    if run.reseeded:  # the old device's checkpoint would replay these steps with other noise",
+        "    if False:",
+        ("tests/integration/test_run_dir.py", "-k", "reseeds"),
+    ),
+    Mutant(
         "api-failed-load-leaves-the-states-ledger",
         "src/dpsub/api/private.py",
         "            acct.ledger, acct.nominal = kept",

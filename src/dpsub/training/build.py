@@ -84,6 +84,9 @@ class Run:
     ema: EMA | None = None  # train.ema: the averaged weights evaluated and saved
     #: resumes from a light checkpoint: ``{"step", "dropped"}`` each (checkpointed)
     light_resumes: list[dict] = field(default_factory=list)
+    #: the seeded streams were reseeded on resume (another device type): the trainer saves a
+    #: checkpoint of the new streams before the first step (not checkpointed itself)
+    reseeded: bool = False
 
     @property
     def secure(self) -> bool:
@@ -417,7 +420,8 @@ def load_run_state(run: Run, state: dict) -> None:
     run.account.load_state_dict(state)
     run.mechanism.load_state_dict(state["mechanism"])
     clean, reseed = bool(state.get("clean", False)), f"{run.seed}:{int(state['step'])}"
-    if not restore_rng(run.generators, state["rng"], clean=clean, reseed=reseed):
+    run.reseeded = restore_rng(run.generators, state["rng"], clean=clean, reseed=reseed)
+    if not run.reseeded:
         run.privatizer.source.load_state_dict(state["noise_source"])
     run.step = int(state["step"])
     run.uncovered = list(state.get("uncovered", []))

@@ -271,8 +271,14 @@ def _start_or_resume(run: Run, cfg: DictConfig, run_dir: Path, resume: bool) -> 
     notes = []
     if (run_dir / MIA).exists():  # scripts/mia.py attacked the model: not covered
         uncover(run, "membership_inference")
-    if run.secure:  # fresh secret noise from here on: charge every step that ever ran
+    if run.secure and run.ledger is not None:  # fresh secret noise: charge every step that ran
         journal = journal_ledger(run_dir)
+        if run.ledger.steps and (journal is None or journal.steps < run.ledger.steps):
+            raise ResumeError(
+                f"resume: {run_dir / LEDGER_NAME} is missing or counts fewer steps than the "
+                "checkpoint: in secure mode it is the only record of the steps that ran after "
+                "the checkpoint, which a resume must charge; restore it from the run dir"
+            )
         if journal is not None and journal.steps > run.ledger.steps:
             since = "the checkpoint" if ckpt is not None else "the start (no checkpoint)"
             notes.append(
@@ -516,6 +522,8 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
         log.info("%-16s %s", k, v)
     _warn_not_covered(run, private)
     saver, stopped_by_budget = _Saver(run, run_dir, resolved), False
+    if run.reseeded:  # the old device's checkpoint would replay these steps with other noise
+        saver()
     resumed = _resumed_accuracy(run_dir, run.step, run.data.eval_split) if run.step else None
     shown = _Shown(Window(), {}, resumed=resumed)
     progress = Progress(
