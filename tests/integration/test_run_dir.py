@@ -101,6 +101,16 @@ def kill_after(steps: int):
     return optim_hooks.register_optimizer_step_pre_hook(hook)
 
 
+def killed_after(steps: int, *train_args, **train_kw) -> None:
+    """``train(...)`` killed (kill -9) once ``steps`` releases were applied."""
+    handle = kill_after(steps)
+    try:
+        with pytest.raises(Killed):
+            train(*train_args, **train_kw)
+    finally:
+        handle.remove()
+
+
 def counted(run_dir) -> int:
     return sum(n for *_, n in json.loads((run_dir / "ledger.json").read_text())["history"])
 
@@ -110,12 +120,7 @@ def test_a_secure_run_killed_before_its_first_checkpoint_is_never_started_again_
     killed attempt's releases (fresh secret noise) and its summary said covered_by_epsilon."""
     cfg = compose_cfg(*SYNTH, "train.max_steps=6", "train.checkpoint_every=0", "privacy.rng=secure")
     run_dir = tmp_path / "run"
-    handle = kill_after(3)
-    try:
-        with pytest.raises(Killed):
-            train(cfg, run_dir)
-    finally:
-        handle.remove()
+    killed_after(3, cfg, run_dir)
     assert not (run_dir / "checkpoint.pt").exists() and counted(run_dir) == 4  # 4 released
     before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
     with pytest.raises(ConfigError, match=f"out_dir: {run_dir} already holds a run; continue it with resume={run_dir}"):  # fmt: skip
@@ -132,12 +137,7 @@ def test_a_seeded_run_killed_before_its_first_checkpoint_resumes_by_replay_from_
     """Seeded mode: resume= continues it from step 0 with the same batches and noise, so the
     run, its ledger and its metrics equal an uninterrupted run's (each release counted once)."""
     cfg = compose_cfg(*SYNTH, "train.max_steps=4", "train.checkpoint_every=0", "train.log_every=1")
-    handle = kill_after(2)
-    try:
-        with pytest.raises(Killed):
-            train(cfg, tmp_path / "killed")
-    finally:
-        handle.remove()
+    killed_after(2, cfg, tmp_path / "killed")
     with pytest.raises(ConfigError, match="resume="):
         train(cfg, tmp_path / "killed")
     got = train(cfg, tmp_path / "killed", resume=True)
@@ -226,12 +226,7 @@ def test_a_secure_resume_without_its_ledger_journal_is_refused(tmp_path):
     charge those releases nowhere."""
     cfg = compose_cfg(*SYNTH, "train.max_steps=6", "train.checkpoint_every=2", "privacy.rng=secure")
     run_dir = tmp_path / "run"
-    handle = kill_after(5)
-    try:
-        with pytest.raises(Killed):
-            train(cfg, run_dir)
-    finally:
-        handle.remove()
+    killed_after(5, cfg, run_dir)
     journal = (run_dir / "ledger.json").read_bytes()
     (run_dir / "ledger.json").unlink()
     with pytest.raises(ConfigError, match="ledger.json is missing or counts fewer steps"):
@@ -266,11 +261,6 @@ def test_a_resume_that_reseeds_checkpoints_the_new_streams_before_its_first_step
     devices = ckpt["state"]["rng"]["devices"]
     ckpt["state"]["rng"]["devices"] = dict.fromkeys(devices, "cuda")  # drawn on another type
     torch.save(ckpt, run_dir / "checkpoint.pt")
-    handle = kill_after(0)  # killed at its first release after the resume
-    try:
-        with pytest.raises(Killed):
-            train(cfg, run_dir, resume=True)
-    finally:
-        handle.remove()
+    killed_after(0, cfg, run_dir, resume=True)  # killed at its first release after the resume
     now = torch.load(run_dir / "checkpoint.pt", weights_only=False)["state"]
     assert now["step"] == 2 and not now["clean"] and now["rng"]["devices"] == devices
