@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -10,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from dpsub.api.releases import KEY as RELEASES
-from dpsub.api.releases import ReleaseBook
+from dpsub.api.releases import Journal, ReleaseBook, privacy_mismatch
 from dpsub.data.augment import Augmult, view_padding
 from dpsub.data.aux import AuxData
 from dpsub.data.datasets import DatasetBundle
@@ -64,6 +65,7 @@ def make_private(
     augmult: int = 1,
     flip: bool = False,
     ema: float | None = None,
+    journal: str | os.PathLike | None = None,
 ) -> PrivateTraining:
     """A :class:`PrivateTraining` of ``model`` on the private ``data``.
 
@@ -85,7 +87,9 @@ def make_private(
     0.999) for parameter averaging, post-processing of the releases (no privacy cost),
     updated by :meth:`PrivateTraining.step` (in your own loop:
     :meth:`PrivateTraining.update_average`); evaluate with ``with private.averaged(): ...``.
-    Raises ValueError naming the argument.
+    ``journal``: a file to which every release is appended (fsynced) before it reaches
+    ``.grad``; a session opened on an existing one starts with its releases charged, so a
+    crash loses none (docs/api.md). Raises ValueError naming the argument.
     """
     device, dtype = _placement(model)
     x, y = _tensors(data, device, dtype)
@@ -116,7 +120,7 @@ def make_private(
         total_steps=total, optimizer=optimizer, schedule=scheduler, noise_source=source,
         generators=gens, seed=seed, ema=_average(ema, model),
     )  # fmt: skip
-    return PrivateTraining(run)
+    return PrivateTraining(run, _book(journal, account))
 
 
 class PrivateTraining:
@@ -128,10 +132,11 @@ class PrivateTraining:
     release the budget cannot afford raises :class:`BudgetExhausted` and writes nothing.
     """
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Run, book: ReleaseBook | None = None):
         self.run = run
         self._drawn: tuple[Tensor, Tensor, Tensor] | None = None
-        self._book = ReleaseBook()  # every release the ledger charges (load_state_dict)
+        self._book = book or ReleaseBook()  # every release the ledger charges (load_state_dict)
+        run.on_release.append(self._book.released)  # (bound: a deepcopy hooks the copy's book)
 
     # ----------------------------------------------------------------- state
     @property
@@ -178,12 +183,11 @@ class PrivateTraining:
             raise ValueError("state: it holds no privacy ledger (a non-private session's); a "
                              "private session cannot continue from it")  # fmt: skip
         for name, mine in (("ledger", acct.ledger), ("nominal", acct.nominal)):
-            theirs = state.get(name) or {}
-            for key in ("delta", "accountant", "budget") if mine is not None and theirs else ():
-                if theirs.get(key) != getattr(mine, key):
-                    raise ValueError(f"state: its {name} has {key} {theirs.get(key)!r}, this "
-                                     f"session's {getattr(mine, key)!r}: a state continues only "
-                                     "a session of the same privacy setting")  # fmt: skip
+            theirs = state.get(name)
+            differs = privacy_mismatch(theirs, mine) if mine is not None and theirs else None
+            if differs:
+                raise ValueError(f"state: its {name} has {differs}: a state continues only a "
+                                 "session of the same privacy setting")  # fmt: skip
         kept = acct.ledger, acct.nominal
         try:
             load_run_state(self.run, state)
@@ -246,13 +250,13 @@ class PrivateTraining:
 
     def _charged(self, make: Callable[[], StepOutcome]) -> StepOutcome:
         """Run one release and keep what it charged (for :meth:`load_state_dict`)."""
-        acct = self.run.account
-        before = acct.ledger.steps if acct.ledger is not None else 0
+        acct, book = self.run.account, self._book
+        before, known = (acct.ledger.steps if acct.ledger is not None else 0), len(book.known)
         try:
             out = make()
-        finally:  # charged, then interrupted (the optimizer, Ctrl-C): still recorded
-            if acct.ledger is not None and acct.ledger.steps > before:
-                self._book.record(acct)
+        finally:  # charged, then interrupted before its hook recorded it: still recorded
+            if acct.ledger is not None and acct.ledger.steps > before and len(book.known) == known:
+                book.record(acct)
         return self._checked(out)
 
     def _checked(self, out: StepOutcome) -> StepOutcome:
@@ -265,6 +269,16 @@ class PrivateTraining:
 
 
 # ------------------------------------------------------------------ helpers
+def _book(journal, account: PrivacyAccount) -> ReleaseBook:
+    """A new session's releases, or those of ``journal`` (charged to the fresh ledgers)."""
+    if journal is None:
+        return ReleaseBook()
+    if account.ledger is None:
+        raise ValueError("journal: a non-private session has no releases to journal")
+    opened, held = Journal.open(journal, account)
+    return ReleaseBook(known=held, journal=opened)
+
+
 def _placement(model: nn.Module) -> tuple[torch.device, torch.dtype]:
     """The model's device and floating-point dtype (float32 unless the user converted it)."""
     p = next((p for p in model.parameters() if p.is_floating_point()), None)

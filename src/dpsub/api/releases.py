@@ -9,12 +9,22 @@ sessions, or a session copied with ``copy.deepcopy`` never drop a release from t
 ledger. A state without the list (a ``dpsub-train`` checkpoint, an older API state) counts
 as new releases each time it is loaded: its releases cannot be told from another run's
 (on the safe side: loading one twice counts it twice).
+
+A :class:`Journal` (``make_private(..., journal=PATH)``) appends every release the ledger
+charges to a file before the release is written into the parameters' ``.grad``, so a
+session opened on the same file after a crash charges the releases no saved state holds.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import secrets
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from dpsub.privacy.accountants import fsync_dir
 
 #: (z, q) charged to the honest ledger, and (z, q) to the nominal one (None: none kept)
 Charge = tuple[tuple[float, float], "tuple[float, float] | None"]
@@ -24,6 +34,7 @@ KEY = "api_releases"  # in a state_dict: [[id, z, q, z_nominal, q_nominal], ...]
 @dataclass
 class ReleaseBook:
     known: dict[str, Charge] = field(default_factory=dict)  # every release the ledger charges
+    journal: Journal | None = None  # where each one is appended as it is charged
 
     def record(self, account) -> None:
         """The release just charged to ``account``'s ledgers (after it, not before). A random
@@ -31,7 +42,15 @@ class ReleaseBook:
         the original names its own."""
         last = lambda led: (float(led.history[-1][0]), float(led.history[-1][1]))  # noqa: E731
         nominal = last(account.nominal) if account.nominal is not None else None
-        self.known[secrets.token_hex(12)] = (last(account.ledger), nominal)
+        rid = secrets.token_hex(12)
+        if self.journal is not None:
+            self.journal.append({rid: (last(account.ledger), nominal)})
+        self.known[rid] = (last(account.ledger), nominal)
+
+    def released(self, run) -> None:
+        """The run's release hook: record (and journal) the release just charged, before it
+        is written into ``.grad``."""
+        self.record(run.account)
 
     def state(self) -> list[list]:
         return [[rid, *h, *(n or (None, None))] for rid, (h, n) in self.known.items()]
@@ -44,6 +63,8 @@ class ReleaseBook:
                 account.ledger.step(*honest)
                 if nominal is not None and account.nominal is not None:
                     account.nominal.step(*nominal)
+        if self.journal is not None:  # the state's releases the ledger now charges too
+            self.journal.append({r: c for r, c in held.items() if r not in self.known})
         self.known = {**held, **self.known}
 
 
@@ -62,3 +83,75 @@ def held_by(state: dict) -> dict[str, Charge]:
 
 def _steps(history) -> list[tuple[float, float]]:
     return [(float(z), float(q)) for z, q, n in history for _ in range(int(n))]
+
+
+def privacy_mismatch(theirs: dict, ledger) -> str | None:
+    """The first of delta, accountant and budget on which ``theirs`` (a ledger's state, or a
+    journal's head) differs from ``ledger``: ``"delta 0.01, this session's 1e-05"``."""
+    for key in ("delta", "accountant", "budget"):
+        if theirs.get(key) != getattr(ledger, key):
+            return f"{key} {theirs.get(key)!r}, this session's {getattr(ledger, key)!r}"
+    return None
+
+
+@dataclass
+class Journal:
+    """An append-only file of the releases a session's ledger charges, one JSON line each
+    (``{"id", "z", "q", "zn", "qn"}``) after a head line with the privacy setting; each line
+    is flushed to disk (fsync) before the release reaches ``.grad``. A last line cut short
+    by a crash is a release that never left the process, and is not counted."""
+
+    path: Path
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, account) -> tuple[Journal, dict[str, Charge]]:
+        """The journal at ``path`` (created with ``account``'s privacy setting if absent) and
+        the releases it holds, already charged to ``account``'s (fresh) ledgers. ValueError
+        naming the file when it was written by a session of another privacy setting."""
+        journal, ledger = cls(Path(path)), account.ledger
+        head = {"dpsub_api_journal": 1, **_setting(ledger), "nominal": account.nominal is not None}
+        text = journal.path.read_text() if journal.path.exists() else ""
+        kept = text[: text.rfind("\n") + 1]  # a line cut by a crash: that release never left
+        if kept != text:
+            os.truncate(journal.path, len(kept.encode()))
+        if not kept:
+            journal.path.parent.mkdir(parents=True, exist_ok=True)
+            journal._write(json.dumps(head) + "\n")
+            fsync_dir(journal.path.parent)
+            return journal, {}
+        try:
+            theirs, *rows = (json.loads(line) for line in kept.splitlines())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"journal: {path} is not a dpsub release journal ({e})") from None
+        differs = privacy_mismatch({**theirs, "budget": theirs.get("budget") or math.inf}, ledger)
+        if theirs.get("nominal") != head["nominal"]:
+            differs = differs or "another accounting policy (a nominal ledger or none)"
+        if differs:
+            raise ValueError(f"journal: {path} was written by a session of {differs}: a journal "
+                             "continues only a session of the same privacy setting")  # fmt: skip
+        held = {r["id"]: ((r["z"], r["q"]), None if r["zn"] is None else (r["zn"], r["qn"]))
+                for r in rows}  # fmt: skip
+        for honest, nominal in held.values():
+            ledger.step(*honest)
+            if nominal is not None and account.nominal is not None:
+                account.nominal.step(*nominal)
+        return journal, held
+
+    def append(self, releases: dict[str, Charge]) -> None:
+        rows = [{"id": r, "z": h[0], "q": h[1], "zn": n[0] if n else None, "qn": n[1] if n else None}
+                for r, (h, n) in releases.items()]  # fmt: skip
+        if rows:
+            self._write("".join(json.dumps(row) + "\n" for row in rows))
+
+    def _write(self, text: str) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, text.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _setting(ledger) -> dict:
+    budget = None if math.isinf(ledger.budget) else ledger.budget
+    return {"delta": ledger.delta, "accountant": ledger.accountant, "budget": budget}

@@ -897,8 +897,8 @@ MUTANTS = (
     Mutant(
         "api-release-ids-repeat-across-sessions",
         "src/dpsub/api/releases.py",
-        "        self.known[secrets.token_hex(12)] = (last(account.ledger), nominal)",
-        "        self.known[str(len(self.known))] = (last(account.ledger), nominal)",
+        "        rid = secrets.token_hex(12)",
+        "        rid = str(len(self.known))",
         ("tests/integration/test_api.py", "-k", "between_sessions"),
     ),
     Mutant(
@@ -917,10 +917,31 @@ MUTANTS = (
     ),
     Mutant(
         "api-state-of-another-privacy-setting-accepted",
-        "src/dpsub/api/private.py",
-        "                if theirs.get(key) != getattr(mine, key):",
-        "                if False:",
+        "src/dpsub/api/releases.py",
+        "        if theirs.get(key) != getattr(ledger, key):",
+        "        if False:",
         ("tests/integration/test_api.py", "-k", "another_privacy_setting"),
+    ),
+    Mutant(
+        "api-journal-not-read-back-after-a-crash",
+        "src/dpsub/api/releases.py",
+        "            ledger.step(*honest)",
+        "            pass",
+        ("tests/integration/test_api_journal.py", "-k", "crashed"),
+    ),
+    Mutant(
+        "api-journal-misses-a-loaded-states-releases",
+        "src/dpsub/api/releases.py",
+        "            self.journal.append({r: c for r, c in held.items() if r not in self.known})",
+        "            pass",
+        ("tests/integration/test_api_journal.py", "-k", "other_sessions"),
+    ),
+    Mutant(
+        "api-journal-of-another-privacy-setting-accepted",
+        "src/dpsub/api/releases.py",
+        "        if differs:\n            raise ValueError(f\"journal:",
+        "        if False:\n            raise ValueError(f\"journal:",
+        ("tests/integration/test_api_journal.py", "-k", "another_privacy_setting"),
     ),
     Mutant(
         "secure-resume-without-its-ledger-journal",
