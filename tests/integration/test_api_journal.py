@@ -101,7 +101,9 @@ def test_a_journaled_budget_refuses_what_the_crashed_session_spent(tmp_path):
 def test_a_journal_of_another_privacy_setting_or_a_non_private_one_is_refused(tmp_path):
     journal = tmp_path / "j.jsonl"
     steps(free(journal=journal), 1)
-    with pytest.raises(ValueError, match=r"journal: .*j\.jsonl.* delta 1e-05, this session's 0\.01"):
+    with pytest.raises(
+        ValueError, match=r"journal: .*j\.jsonl.* delta 1e-05, this session's 0\.01"
+    ):
         free(journal=journal, delta=1e-2)
     with pytest.raises(ValueError, match="journal: .* budget"):
         free(journal=journal, epsilon=50.0)

@@ -939,8 +939,8 @@ MUTANTS = (
     Mutant(
         "api-journal-of-another-privacy-setting-accepted",
         "src/dpsub/api/releases.py",
-        "        if differs:\n            raise ValueError(f\"journal:",
-        "        if False:\n            raise ValueError(f\"journal:",
+        '        if differs:\n            raise ValueError(f"journal:',
+        '        if False:\n            raise ValueError(f"journal:',
         ("tests/integration/test_api_journal.py", "-k", "another_privacy_setting"),
     ),
     Mutant(
