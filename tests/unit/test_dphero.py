@@ -137,9 +137,24 @@ def test_a_direction_without_noise_is_refused():
     with torch.no_grad():
         run.model.classifier[0].weight[:, 2:] = 0  # rank 2 < 32 rows
     before = params_of(run).clone()
-    with pytest.raises(PrivacyError, match="no noise"):
+    with pytest.raises(PrivacyError, match=r"30 directions of classifier\.0\.weight's noise "
+                       r"would get no noise .*dead or dependent rows.*dphero_floor"):  # fmt: skip
         train_step(run)
     assert torch.equal(params_of(run), before)
+
+
+def test_a_release_with_a_direction_without_noise_is_never_charged():
+    """The account's own guard, for any mechanism: a record of std 0 is refused."""
+    from dpsub.privacy import NoiseRecord
+    from dpsub.privacy.run_account import PrivacyAccount
+
+    phases = build_mechanism("dphero").phases(5)
+    acct = PrivacyAccount.open(n=100, batch_size=10, steps=5, phases=phases, policy="measured",
+                               epsilon=math.inf, delta=1e-5, accountant="rdp",
+                               noise_multiplier=1.0)  # fmt: skip
+    with pytest.raises(PrivacyError, match="some direction of the release got no noise"):
+        acct.charge([NoiseRecord("gradient", 1.0, 0.0)], 1.0)
+    assert acct.ledger.steps == 0
 
 
 # ----------------------------------------------------------- the floor variant

@@ -923,6 +923,13 @@ MUTANTS = (
         ("tests/integration/test_api.py", "-k", "another_privacy_setting"),
     ),
     Mutant(
+        "a-release-with-a-direction-without-noise-charged",
+        "src/dpsub/privacy/run_account.py",
+        "            if not z_rec > 0:\n",
+        "            if False:\n",
+        ("tests/unit/test_dphero.py", "-k", "without_noise"),
+    ),
+    Mutant(
         "api-journal-not-read-back-after-a-crash",
         "src/dpsub/api/releases.py",
         "            ledger.step(*honest)",

@@ -27,7 +27,8 @@ variance equals DP-SGD's. How dpsub reads the paper (no public code exists):
 * **Eigenvalues of zero.** ``egv_i = 0`` gives ``v_i = 0``: no noise at all in that
   direction, which no finite epsilon covers; the trainer refuses such a step
   (PrivacyError). This happens for every layer with more outputs than inputs
-  (``out > in'``: rank of ``W W^T`` <= in') and for dead rows; use ``dphero_floor`` there.
+  (``out > in'``: rank of ``W W^T`` <= in') and for dead rows; the error names the layer
+  and points to ``dphero_floor``.
   An all-zero ``W`` (0/0 in Theorem 3) is read as equal eigenvalues: isotropic noise.
 
 Privacy. The paper's Theorems 2-3 charge the step as DP-SGD with multiplier sigma
@@ -56,6 +57,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from dpsub.errors import PrivacyError
 from dpsub.mechanisms.base import Mechanism, StepContext, StepResult, register
 from dpsub.privacy import NoiseBlock
 
@@ -99,6 +101,8 @@ class DPHero(Mechanism):
             basis, s = hero_scales(layout.matrix_view(flat, name))
             if self.floor:
                 s = s.clamp_min(1.0)
+            elif not bool(s.min() > 0):
+                raise _starved(name, rows, cols, int((s <= 0).sum()))
             start = layout.offsets[layout.names.index(name)]
             blocks.append(NoiseBlock(start, rows, cols, basis * s))  # B diag(s)
             scales.append(s)
@@ -114,6 +118,16 @@ class DPHero(Mechanism):
             stats=clipped.stats,
             metrics={"noise_std": std, "min_scale": float(s.min()), "max_scale": float(s.max())},
         )
+
+
+def _starved(name: str, rows: int, cols: int, zeros: int) -> PrivacyError:
+    """The step is refused before anything is drawn: directions without noise."""
+    why = f"{rows} outputs > {cols} inputs" if rows > cols else "dead or dependent rows"
+    return PrivacyError(
+        f"mechanism dphero: {zeros} directions of {name}'s noise would get no noise (W W^T of "
+        f"its {rows} x {cols} weight has zero eigenvalues: {why}); no finite epsilon covers "
+        "them: use mechanism=dphero_floor, which gives every direction at least DP-SGD's noise"
+    )
 
 
 @register("dphero_floor")
