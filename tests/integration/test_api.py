@@ -239,6 +239,53 @@ def test_a_release_interrupted_after_its_charge_or_a_failed_load_keeps_it_charge
     assert free.ledger.steps == 1
 
 
+def test_a_failed_load_leaves_the_session_as_it_was():
+    """The state's weights hold its releases: left in place, they would train on uncharged."""
+    other = _steps(_free(seed=1), 5)
+    model, _, private = session(epsilon=None, noise_multiplier=1.0, steps=20, ema=0.99)
+    _steps(private, 2)
+    before = digest(model.parameters())
+    with pytest.raises(KeyError, match="ema"):
+        private.load_state_dict(other)  # fails late: it keeps no average
+    assert digest(model.parameters()) == before
+    assert private.steps == 2 and private.ledger.steps == 2
+
+
+def test_a_non_private_session_refuses_a_private_state():
+    state = _steps(_free(), 3)
+    plain = session(mechanism="nonprivate", epsilon=None)[2]
+    with pytest.raises(ValueError, match="a non-private session cannot continue it"):
+        plain.load_state_dict(state)
+
+
+def _release(private) -> torch.Tensor:
+    private.step()
+    return torch.cat([p.grad.flatten() for p in private.run.model.parameters()])
+
+
+def test_a_seeded_rollback_or_fork_draws_fresh_noise_and_sampling():
+    """The same noise on a replay's (or a fork's) other sums would leak their difference
+    with no noise at all: a seeded session's streams restart from the OS's randomness."""
+    private = _free()
+    start = copy.deepcopy(private.state_dict())
+    first = _release(private)
+    private.load_state_dict(start)
+    assert not torch.equal(_release(private), first)
+    twin = copy.deepcopy(private)
+    assert not torch.equal(_release(twin), _release(private))
+    fresh = _free()
+    fresh.load_state_dict(start)  # a fresh session continuing a state: exactly (no rollback)
+    assert torch.equal(_release(fresh), first)
+
+
+def test_a_state_of_another_accounting_policy_is_refused():
+    hero = dict(mechanism="dphero", options={"accounting": "nominal"}, epsilon=5.0)
+    state = _steps(session(noise_multiplier=2.0, epsilon=None)[2], 2)
+    private = session(noise_multiplier=2.0, **hero)[2]
+    with pytest.raises(ValueError, match="another accounting policy"):
+        private.load_state_dict(state)
+
+
 def test_a_rollback_keeps_the_nominal_ledger_too():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 4), nn.ReLU(), nn.Linear(4, 3))

@@ -107,7 +107,7 @@ def test_a_journal_of_another_privacy_setting_or_a_non_private_one_is_refused(tm
         free(journal=journal, delta=1e-2)
     with pytest.raises(ValueError, match="journal: .* budget"):
         free(journal=journal, epsilon=50.0)
-    with pytest.raises(ValueError, match="journal: .* accounting policy"):
+    with pytest.raises(ValueError, match="journal: .* nominal ledger None"):
         free(journal=journal, mechanism="dphero", options={"accounting": "nominal"},
              epsilon=50.0)  # fmt: skip
     with pytest.raises(ValueError, match="journal: a non-private session"):
@@ -126,3 +126,57 @@ def test_dp_heros_nominal_ledger_is_journaled(tmp_path):
     again = free(**kw)
     assert again.run.account.epsilons() == hero.run.account.epsilons()
     assert again.run.account.nominal.steps == 3
+
+
+def test_a_dp_hero_journal_of_another_nominal_budget_is_refused(tmp_path):
+    hero = dict(mechanism="dphero", options={"accounting": "nominal"}, noise_multiplier=2.0,
+                steps=6, hidden=4, journal=tmp_path / "j.jsonl")  # fmt: skip
+    steps(free(epsilon=1.0, **hero), 2)
+    with pytest.raises(ValueError, match="journal: .* nominal ledger .*'budget': 1.0"):
+        free(epsilon=500.0, **hero)
+
+
+def test_a_file_that_is_not_a_journal_is_refused_and_left_as_it_was(tmp_path):
+    private = free()
+    steps(private, 3)
+    ledger = tmp_path / "ledger.json"  # dpsub-train's ledger: one JSON object, no newline
+    private.ledger.save(ledger)
+    before = ledger.read_bytes()
+    with pytest.raises(ValueError, match="journal: .*ledger.json is not a dpsub release journal"):
+        free(journal=ledger)
+    assert ledger.read_bytes() == before
+
+
+def test_a_relative_journal_stays_where_it_was_opened(tmp_path, monkeypatch):
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    private = free(journal="j.jsonl")
+    steps(private, 2)
+    monkeypatch.chdir(tmp_path / "sub")
+    steps(private, 3)
+    assert not (tmp_path / "sub" / "j.jsonl").exists()
+    assert free(journal=tmp_path / "j.jsonl").ledger.steps == 5
+
+
+def test_a_write_the_disk_refuses_leaves_no_partial_line_and_is_written_later(tmp_path):
+    resource = pytest.importorskip("resource")
+    import signal
+
+    journal = tmp_path / "j.jsonl"
+    private = free(journal=journal)
+    start = steps(private, 0)
+    steps(private, 2)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (journal.stat().st_size + 40, limit[1]))
+    try:  # a full disk: the next row does not fit (a short write, then EFBIG)
+        with pytest.raises(OSError):
+            private.step()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert private.ledger.steps == 3 and free(journal=journal).ledger.steps == 2
+    steps(private, 1)  # the refused row is written with this one
+    assert free(journal=journal).ledger.steps == 4 == private.ledger.steps
+    private.load_state_dict(start)  # the refused release was charged: a rollback keeps it
+    assert private.ledger.steps == 4

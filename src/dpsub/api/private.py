@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import os
+import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -176,25 +178,28 @@ class PrivateTraining:
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``. What this session has spent is never lowered: every
         release its ledger charged that ``state`` does not hold is charged again on top of
-        the state's ledger (a rollback and replay is charged twice: docs/api.md). A load
-        that fails part way leaves the ledgers as they were."""
-        acct = self.run.account
-        if acct.ledger is not None and state.get("ledger") is None:
-            raise ValueError("state: it holds no privacy ledger (a non-private session's); a "
-                             "private session cannot continue from it")  # fmt: skip
-        for name, mine in (("ledger", acct.ledger), ("nominal", acct.nominal)):
-            theirs = state.get(name)
-            differs = privacy_mismatch(theirs, mine) if mine is not None and theirs else None
-            if differs:
-                raise ValueError(f"state: its {name} has {differs}: a state continues only a "
-                                 "session of the same privacy setting")  # fmt: skip
-        kept = acct.ledger, acct.nominal
+        the state's ledger (a rollback and replay is charged twice, and a seeded session's
+        noise and sampling restart from the OS's randomness: docs/api.md). A load that
+        fails part way leaves the session as it was."""
+        _check_loadable(state, self.run.account)
+        acct, kept = self.run.account, copy.deepcopy(run_state(self.run))
         try:
             load_run_state(self.run, state)
-            self._book.after_load(state, acct)
+            again = self._book.after_load(state, acct)
         except BaseException:
-            acct.ledger, acct.nominal = kept
+            load_run_state(self.run, kept)  # the weights too: they hold the state's releases
             raise
+        if again:  # a replay must not repeat the noise on sums that may differ
+            _fresh_streams(self.run)
+
+    def __deepcopy__(self, memo: dict) -> PrivateTraining:
+        """A fork: its own releases (ids apart), and in a seeded session its own noise and
+        sampling (the same noise on the two forks' different sums would leak them)."""
+        fork = PrivateTraining.__new__(PrivateTraining)
+        memo[id(self)] = fork
+        fork.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        _fresh_streams(fork.run)
+        return fork
 
     # ----------------------------------------------------------------- steps
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
@@ -269,6 +274,34 @@ class PrivateTraining:
 
 
 # ------------------------------------------------------------------ helpers
+def _check_loadable(state: dict, acct: PrivacyAccount) -> None:
+    """ValueError unless ``state`` continues a session of ``acct``'s privacy setting."""
+    if (acct.ledger is None) != (state.get("ledger") is None):
+        why = ("it holds no privacy ledger (a non-private session's); a private session "
+               "cannot continue from it") if acct.ledger is not None else (
+               "it holds a privacy ledger; a non-private session cannot continue it (its "
+               "steps add no noise, and the state's epsilon would not count them)")  # fmt: skip
+        raise ValueError(f"state: {why}")
+    if acct.ledger is not None and (acct.nominal is None) != (state.get("nominal") is None):
+        raise ValueError("state: it was saved under another accounting policy (a nominal "
+                         "ledger or none); a state continues only a session of the same "
+                         "privacy setting")  # fmt: skip
+    for name, mine in (("ledger", acct.ledger), ("nominal", acct.nominal)):
+        theirs = state.get(name)
+        differs = privacy_mismatch(theirs, mine) if mine is not None and theirs else None
+        if differs:
+            raise ValueError(f"state: its {name} has {differs}: a state continues only a "
+                             "session of the same privacy setting")  # fmt: skip
+
+
+def _fresh_streams(run: Run) -> None:
+    """Seeded mode: the sampling and noise streams restart from the OS's randomness (a
+    secure session's are never restored, hence always fresh)."""
+    for name in ("sampler", "noise"):
+        if name in run.generators:
+            run.generators[name].manual_seed(secrets.randbits(63))
+
+
 def _book(journal, account: PrivacyAccount) -> ReleaseBook:
     """A new session's releases, or those of ``journal`` (charged to the fresh ledgers)."""
     if journal is None:

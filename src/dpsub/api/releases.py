@@ -17,6 +17,7 @@ session opened on the same file after a crash charges the releases no saved stat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -43,9 +44,9 @@ class ReleaseBook:
         last = lambda led: (float(led.history[-1][0]), float(led.history[-1][1]))  # noqa: E731
         nominal = last(account.nominal) if account.nominal is not None else None
         rid = secrets.token_hex(12)
-        if self.journal is not None:
-            self.journal.append({rid: (last(account.ledger), nominal)})
-        self.known[rid] = (last(account.ledger), nominal)
+        self.known[rid] = (last(account.ledger), nominal)  # first: the ledger charges it now
+        if self.journal is not None:  # raises if the disk refuses: the release is not written
+            self.journal.append({rid: self.known[rid]})
 
     def released(self, run) -> None:
         """The run's release hook: record (and journal) the release just charged, before it
@@ -55,17 +56,20 @@ class ReleaseBook:
     def state(self) -> list[list]:
         return [[rid, *h, *(n or (None, None))] for rid, (h, n) in self.known.items()]
 
-    def after_load(self, state: dict, account) -> None:
-        """``account`` holds ``state``'s ledgers: charge every known release it lacks."""
-        held = held_by(state)
+    def after_load(self, state: dict, account) -> int:
+        """``account`` holds ``state``'s ledgers: charge every known release it lacks.
+        Returns how many (a rollback's: releases that a replay would repeat)."""
+        held, again = held_by(state), 0
         for rid, (honest, nominal) in self.known.items():
             if rid not in held and account.ledger is not None:
                 account.ledger.step(*honest)
                 if nominal is not None and account.nominal is not None:
                     account.nominal.step(*nominal)
+                again += 1
         if self.journal is not None:  # the state's releases the ledger now charges too
             self.journal.append({r: c for r, c in held.items() if r not in self.known})
         self.known = {**held, **self.known}
+        return again
 
 
 def held_by(state: dict) -> dict[str, Charge]:
@@ -98,60 +102,87 @@ def privacy_mismatch(theirs: dict, ledger) -> str | None:
 class Journal:
     """An append-only file of the releases a session's ledger charges, one JSON line each
     (``{"id", "z", "q", "zn", "qn"}``) after a head line with the privacy setting; each line
-    is flushed to disk (fsync) before the release reaches ``.grad``. A last line cut short
-    by a crash is a release that never left the process, and is not counted."""
+    is on disk (written in full, fsynced) before the release reaches ``.grad``. A write the
+    disk refuses is cut back and raises; its rows are written with the next append. A last
+    line cut short by a crash is a release that never left the process: it is dropped."""
 
-    path: Path
+    path: Path  # resolved when opened: a later os.chdir does not move it
+    unwritten: dict[str, Charge] = field(default_factory=dict)
 
     @classmethod
     def open(cls, path: str | os.PathLike, account) -> tuple[Journal, dict[str, Charge]]:
         """The journal at ``path`` (created with ``account``'s privacy setting if absent) and
         the releases it holds, already charged to ``account``'s (fresh) ledgers. ValueError
-        naming the file when it was written by a session of another privacy setting."""
-        journal, ledger = cls(Path(path)), account.ledger
-        head = {"dpsub_api_journal": 1, **_setting(ledger), "nominal": account.nominal is not None}
+        naming the file when it is not a journal or was written under another setting."""
+        journal = cls(Path(path).resolve())
+        head = json.dumps({"dpsub_api_journal": 1, **_setting(account.ledger),
+                           "nominal": _setting(account.nominal)})  # fmt: skip
         text = journal.path.read_text() if journal.path.exists() else ""
-        kept = text[: text.rfind("\n") + 1]  # a line cut by a crash: that release never left
-        if kept != text:
-            os.truncate(journal.path, len(kept.encode()))
-        if not kept:
+        if "\n" not in text and head.startswith(text):  # new, or its head was cut by a crash
             journal.path.parent.mkdir(parents=True, exist_ok=True)
-            journal._write(json.dumps(head) + "\n")
+            journal.path.write_text("")
+            journal._write(head + "\n")
             fsync_dir(journal.path.parent)
             return journal, {}
-        try:
-            theirs, *rows = (json.loads(line) for line in kept.splitlines())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"journal: {path} is not a dpsub release journal ({e})") from None
-        differs = privacy_mismatch({**theirs, "budget": theirs.get("budget") or math.inf}, ledger)
-        if theirs.get("nominal") != head["nominal"]:
-            differs = differs or "another accounting policy (a nominal ledger or none)"
-        if differs:
-            raise ValueError(f"journal: {path} was written by a session of {differs}: a journal "
-                             "continues only a session of the same privacy setting")  # fmt: skip
+        rows = journal._rows(text, json.loads(head), account.ledger)
         held = {r["id"]: ((r["z"], r["q"]), None if r["zn"] is None else (r["zn"], r["qn"]))
                 for r in rows}  # fmt: skip
         for honest, nominal in held.values():
-            ledger.step(*honest)
+            account.ledger.step(*honest)
             if nominal is not None and account.nominal is not None:
                 account.nominal.step(*nominal)
         return journal, held
 
+    def _rows(self, text: str, head: dict, ledger) -> list[dict]:
+        """The rows of a journal whose head matches ``head`` (a cut last line removed)."""
+        first, *lines = text.split("\n")
+        try:
+            theirs = json.loads(first)
+            rows = [json.loads(line) for line in lines[:-1]]  # lines[-1]: "" or a cut line
+        except json.JSONDecodeError:
+            theirs = None
+        if not isinstance(theirs, dict) or theirs.get("dpsub_api_journal") != 1:
+            raise ValueError(f"journal: {self.path} is not a dpsub release journal")
+        differs = privacy_mismatch({**theirs, "budget": theirs.get("budget") or math.inf}, ledger)
+        if not differs and theirs.get("nominal") != head["nominal"]:
+            differs = f"nominal ledger {theirs.get('nominal')}, this session's {head['nominal']}"
+        if differs:
+            raise ValueError(f"journal: {self.path} was written by a session of {differs}: a "
+                             "journal continues only a session of the same privacy setting")  # fmt: skip
+        if lines[-1]:  # a line cut by a crash: that release never reached .grad
+            os.truncate(self.path, len(text.encode()) - len(lines[-1].encode()))
+        return rows
+
     def append(self, releases: dict[str, Charge]) -> None:
+        self.unwritten.update(releases)
         rows = [{"id": r, "z": h[0], "q": h[1], "zn": n[0] if n else None, "qn": n[1] if n else None}
-                for r, (h, n) in releases.items()]  # fmt: skip
+                for r, (h, n) in self.unwritten.items()]  # fmt: skip
         if rows:
             self._write("".join(json.dumps(row) + "\n" for row in rows))
+            self.unwritten.clear()
 
     def _write(self, text: str) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        """Append ``text`` in full and fsync it, or cut the file back to where it was and
+        raise (a full disk, a file-size limit: no partial line stays behind)."""
+        data = text.encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)  # no O_CREAT: a moved file raises
         try:
-            os.write(fd, text.encode())
-            os.fsync(fd)
+            size = os.fstat(fd).st_size
+            try:
+                done = 0
+                while done < len(data):
+                    done += os.write(fd, data[done:])
+                os.fsync(fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                raise
         finally:
             os.close(fd)
 
 
-def _setting(ledger) -> dict:
+def _setting(ledger) -> dict | None:
+    if ledger is None:
+        return None
     budget = None if math.isinf(ledger.budget) else ledger.budget
     return {"delta": ledger.delta, "accountant": ledger.accountant, "budget": budget}

@@ -16,6 +16,7 @@ the accountant relies on).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -30,8 +31,20 @@ def sample_rate(batch_size: int, n: int) -> float:
     return batch_size / n
 
 
+@dataclass
+class SeededUniform:
+    """Uniforms from a seeded generator: an object, not a closure, so that a copied session
+    (``copy.deepcopy``) samples from its own copy of the generator."""
+
+    generator: torch.Generator
+    device: torch.device | str | None
+
+    def __call__(self, n: int) -> torch.Tensor:
+        return torch.rand(n, generator=self.generator, device=self.device)
+
+
 def seeded_uniform(generator: torch.Generator, device) -> Uniform:
-    return lambda n: torch.rand(n, generator=generator, device=device)
+    return SeededUniform(generator, device)
 
 
 class PoissonSampler:
