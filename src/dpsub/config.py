@@ -61,9 +61,10 @@ class DatasetSchema:
     synthetic: dict[str, Any] | None = None
     # N: tune on N examples held out of the private set, not on the test set
     validation_size: int | None = opt(None, ge=1)
-    # how the N are picked: class-balanced (the papers' tuning), or uniform: positions drawn
-    # by the seed alone, never the labels (what dpsub-select needs: docs/api.md)
-    validation_pick: str = opt("balanced", choices=("balanced", "uniform"))
+    # how the N are picked: class-balanced (the papers' tuning), uniform (positions drawn by
+    # the seed alone), or hash: each example by a keyed hash of its own bytes, so one added
+    # or removed example moves no other (what dpsub-select needs: docs/api.md)
+    validation_pick: str = opt("balanced", choices=("balanced", "uniform", "hash"))
     # your own data (dataset=npz / imagefolder; docs/usage.md "Your own data")
     path: str | None = None  # the .npz file, or the folder holding train/ and test/ (required)
     num_classes: int | None = opt(None, ge=2)  # npz: else its 'classes' array gives them

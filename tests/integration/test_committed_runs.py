@@ -47,11 +47,14 @@ def test_committed_search_epsilons_recompute(where):
 
     r = json.loads((where / "selection.json").read_text())
     base = [o for o in r["overrides"] if not o.startswith("data.root=")]
+    pick = r.get("validation_pick", "uniform")  # searches before it was recorded: uniform
+    forced = [f for f in FORCED if not f.startswith("dataset.validation_pick=")]
+    forced.append(f"dataset.validation_pick={pick}")  # the search's own (older ones: uniform)
     listed = r.get("candidates") or []
     curves, n = [], None
     with config_context():
         for cand in candidates(r.get("grid") or [], listed):
-            s = validate(compose([*base, f"data.root={SHARED}", *FORCED, *cand]))
+            s = validate(compose([*base, f"data.root={SHARED}", *forced, *cand]))
             n = n or len(private_data(s)[1].train_y)
             steps, mech, _, acct = account_of(s, n)
             assert mech.private and acct.policy == "planned", cand

@@ -65,12 +65,12 @@ def test_select_takes_listed_candidates_times_the_grid():
         candidates([], [])
 
 
-def _finish(search, acc: float, eps: float = 2.9, mean: float = 4.0) -> None:
+def _finish(search, acc: float, eps: float = 2.9, mean: float = 4.0, pick="hash") -> None:
     """A finished search's record, as dpsub-select writes it for Law(4, 10)."""
     search.dir.mkdir(parents=True, exist_ok=True)
     record = {"candidate": search.candidates[0], "test_accuracy": acc, "epsilon": eps,
               "epsilon_of_each_run": 2.0, "validation_size": 100, "score_sigma": 10.0,
-              "repetitions": {"mean": mean, "shape": 1.0},
+              "repetitions": {"mean": mean, "shape": 1.0}, "validation_pick": pick,
               "candidates": [shlex.join(c) for c in search.candidates],
               "overrides": [*search.overrides, "data.root=elsewhere"]}  # fmt: skip
     (search.dir / "selection.json").write_text(json.dumps(record))
@@ -176,6 +176,8 @@ def test_a_search_made_under_another_law_is_stale_set_aside_and_searched_again(
     law = private_tables.Law(4, 10)
     _finish(s, 0.5, mean=2.0)
     assert private_tables.status(s, law) == "stale:mean"
+    _finish(s, 0.5, pick="uniform")  # held out by position (before 2026-11-29): not sound
+    assert private_tables.status(s, law) == "stale:held-out pick"
     _finish(s, 0.5)
     assert private_tables.status(s, law) == "done"
     s.candidates = s.candidates[:1]

@@ -53,6 +53,8 @@ def test_a_search_keeps_the_best_run_and_nothing_un_noised(tmp_path):
     assert not any(k in record for k in ("runs", "k", "K", "scores"))  # K stays secret
     kept = yaml.safe_load((out / "config.yaml").read_text())
     assert kept["seed"] >= 1000 and kept["out_dir"] == str(out)  # neither counts the runs
+    assert kept["dataset"]["validation_pick"] == record["validation_pick"] == "hash"
+    assert 60 < record["validation_size"] < 140  # as drawn (100 expected of 400)
 
 
 def test_a_poisson_search_that_draws_no_run_releases_nothing(tmp_path):

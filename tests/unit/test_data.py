@@ -592,6 +592,29 @@ def _labelled(y: torch.Tensor) -> DatasetBundle:
     return DatasetBundle("toy", x, y, e, torch.zeros(0, dtype=torch.long), 3, None, (0.0,), (1.0,))
 
 
+def test_a_hash_validation_pick_moves_no_other_example_when_one_is_added():
+    """dpsub-select's pick: each example's part is a function of its own bytes (and the seed
+    and rate). Appending one example moves none of the others; a positional pick moves most."""
+    from dpsub.data.validation import carve_validation
+
+    g = torch.Generator().manual_seed(1)
+    y = torch.randint(0, 3, (3001,), generator=g)
+    x = torch.randn(3001, 1, 2, 2, generator=g)
+
+    def held(n, pick):  # the held-out examples of the first n, as rows
+        e = torch.zeros(0, 1, 2, 2)
+        data = DatasetBundle("toy", x[:n], y[:n], e, y[:0], 3, None, (0.0,), (1.0,))
+        part = carve_validation(data, 300, seed=4, pick=pick)
+        return {tuple(r.flatten().tolist()) for r in part.test_x}, part
+
+    small, _ = held(3000, "hash")
+    large, part = held(3001, "hash")
+    assert large - small <= {tuple(x[3000].flatten().tolist())} and small <= large
+    assert 240 < len(small) < 360 and len(part.train_y) == 3001 - len(large)
+    moved = held(3000, "uniform")[0] ^ held(3001, "uniform")[0]
+    assert len(moved) > 300
+
+
 def test_a_uniform_validation_pick_depends_on_the_seed_alone_never_the_labels():
     """dpsub-select needs a held-out part fixed before the data are read: relabelling the
     examples must not move a single one in or out of it (a balanced pick does)."""

@@ -19,8 +19,9 @@ and never printed: the search's epsilon holds because K stays secret.
 The conditions the bound needs, checked before anything trains (a mistake is one line on
 stderr, exit code 2, nothing written): every candidate's plan charges a fixed curve (a
 private mechanism with planned accounting, no simulated noise level), and the search bounds
-every run by the largest of them; the held-out part is picked from the seed alone
-(``dataset.validation_pick=uniform``, set here), never from the labels; the grid leaves the
+every run by the largest of them; each example's part is fixed by a keyed hash of its own
+bytes (``dataset.validation_pick=hash``, set here), so one added or removed example moves no
+other between the parts (a permutation of the positions would move many); the grid leaves the
 data (``dataset``, ``data``, ``aux``, ``features``, ``experiment``) and ``seed`` alone (each
 run's seed is drawn from ``--seed``'s stream, or the OS's with ``--secure``). A search stopped
 part-way is not resumed, it starts over: with the same ``--seed`` it replays the same K and
@@ -43,9 +44,9 @@ from dpsub.cli.common import check_args, configure_logging, fail, interruptible
 from dpsub.errors import ConfigError, exit_code
 from dpsub.rundir import CHECKPOINT, CONFIG, LEDGER, SELECTION
 
-#: Overrides every run of a search gets: the held-out part fixed by position, no console
+#: Overrides every run of a search gets: each example's part fixed by its own hash, no console
 #: output that could count the runs, nothing sent to W&B.
-FORCED = ("dataset.validation_pick=uniform", "train.progress=false", "logger.mode=disabled")
+FORCED = ("dataset.validation_pick=hash", "train.progress=false", "logger.mode=disabled")
 #: What a grid may not vary: the private data, its split and the runs' seeds.
 FIXED = ("dataset", "data", "aux", "features", "experiment", "seed", "out_dir", "resume", "hydra")
 #: What the kept run's folder holds (the run's own summary, metrics and log hold un-noised
@@ -204,11 +205,12 @@ def search(args: argparse.Namespace, settings: list, bound, repetitions) -> dict
     one's files, delete the rest; return the selection record."""
     from dpsub.api.selection import select_privately
     from dpsub.privacy.accountants import rdp_to_epsilon
+    from dpsub.training.build import private_data
     from dpsub.training.checkpoint import journal_ledger
     from dpsub.training.loop import train
 
     by_key = {tuple(cand): s for cand, s in settings}
-    n_val = int(settings[0][1].dataset.validation_size)
+    n_val = len(private_data(settings[0][1])[1].test_y)  # the held-out part as the hash drew it
     scratch = args.out / ".search"
     numbers = itertools.count()
     seeds = _seeds(args)
@@ -241,7 +243,8 @@ def search(args: argparse.Namespace, settings: list, bound, repetitions) -> dict
         "candidate": None if chosen.candidate is None else list(chosen.candidate),
         "validation_score": chosen.score,  # noisy count of correct held-out examples
         "validation_accuracy_noisy": None if chosen.score is None else chosen.score / n_val,
-        "validation_size": n_val,
+        "validation_size": n_val,  # held out (dataset.validation_size: their expected number)
+        "validation_pick": settings[0][1].dataset.validation_pick,
         "epsilon": chosen.epsilon,
         "delta": chosen.delta,
         "epsilon_of_each_run": rdp_to_epsilon(bound, chosen.delta),

@@ -843,9 +843,23 @@ MUTANTS = (
     Mutant(
         "validation-pick-uniform-reads-the-labels",
         "src/dpsub/data/validation.py",
-        'random_pick(n, size, g) if pick == "uniform"',
-        'random_pick(n, size, g) if pick == "never"',
+        '        elif pick == "uniform":',
+        '        elif pick == "never":',
         ("tests/unit/test_data.py", "-k", "uniform_validation"),
+    ),
+    Mutant(
+        "validation-pick-hash-by-position",
+        "src/dpsub/data/validation.py",
+        "            idx = hashed_pick(data.train_x, data.train_y, size / n, SEED_OFFSET)  # (no seed)",
+        "            idx = random_pick(n, size, g)",
+        ("tests/unit/test_data.py", "-k", "hash_validation"),
+    ),
+    Mutant(
+        "select-holds-out-by-position",
+        "src/dpsub/cli/select.py",
+        'FORCED = ("dataset.validation_pick=hash",',
+        'FORCED = ("dataset.validation_pick=uniform",',
+        ("tests/integration/test_select_cli.py", "-k", "keeps_the_best_run"),
     ),
     Mutant(
         "checkpoint-fingerprint-unkeyed",

@@ -98,6 +98,7 @@ class Search:
             ("score noise", r.get("score_sigma") == law.sigma),
             ("candidates", r.get("candidates") == [shlex.join(c) for c in self.candidates]),
             ("overrides", fixed(r.get("overrides") or []) == fixed(self.overrides)),
+            ("held-out pick", r.get("validation_pick", "uniform") == _forced_pick()),
         ) if not same]  # fmt: skip
 
 
@@ -117,6 +118,13 @@ def plan_searches(table, setting: str, root: Path, extra=(), passthrough=()) -> 
         for seed in table.seeds_of(setting, cell):
             out.append(Search(cell, seed, base / f"{tables.cell_id(cell)},seed={seed}", cands, ov))
     return out
+
+
+def _forced_pick() -> str:
+    """The held-out pick ``dpsub-select`` forces now (a search made with another is stale)."""
+    from dpsub.cli.select import FORCED
+
+    return next(f for f in FORCED if f.startswith("dataset.validation_pick=")).split("=", 1)[1]
 
 
 def _allowed(passthrough) -> list[str]:
