@@ -286,6 +286,27 @@ def test_a_state_of_another_accounting_policy_is_refused():
         private.load_state_dict(state)
 
 
+def test_the_anchors_labels_never_come_from_the_private_labels():
+    """One example of a rare class used to set num_classes (y.max() + 1), and with it the
+    range of the anchors' random labels and so GEP's subspace: a membership test."""
+    x, y = blobs()
+    y = y.clone()
+    y[0] = 5  # the only example of class 5 (the model has 6 outputs)
+
+    def basis(n):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 6))
+        opt = torch.optim.SGD(model.parameters(), lr=0.3)
+        private = dpsub.make_private(model, opt, (x[n:], y[n:]), batch_size=60, steps=2,
+                                     epsilon=2.0, mechanism="gep", aux=x[:40],
+                                     options={"num_bases": 4})  # fmt: skip
+        return private.run.aux.num_classes
+
+    assert basis(0) == basis(1) == 6
+    with pytest.raises(ValueError, match="num_classes: an int >= 2"):
+        session(num_classes=1)
+
+
 def test_a_rollback_keeps_the_nominal_ledger_too():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 4), nn.ReLU(), nn.Linear(4, 3))

@@ -68,6 +68,7 @@ def make_private(
     flip: bool = False,
     ema: float | None = None,
     journal: str | os.PathLike | None = None,
+    num_classes: int | None = None,
 ) -> PrivateTraining:
     """A :class:`PrivateTraining` of ``model`` on the private ``data``.
 
@@ -91,7 +92,9 @@ def make_private(
     :meth:`PrivateTraining.update_average`); evaluate with ``with private.averaged(): ...``.
     ``journal``: a file to which every release is appended (fsynced) before it reaches
     ``.grad``; a session opened on an existing one starts with its releases charged, so a
-    crash loses none (docs/api.md). Raises ValueError naming the argument.
+    crash loses none (docs/api.md). ``num_classes``: the range of the random labels of
+    ``aux`` images (default: the width of the model's output, never read from the private
+    labels). Raises ValueError naming the argument.
     """
     device, dtype = _placement(model)
     x, y = _tensors(data, device, dtype)
@@ -101,8 +104,8 @@ def make_private(
     if mech.private:
         _check_privacy_args(epsilon, noise_multiplier)
         check_private_model(model)
+    num_classes = _classes(model, x, y, num_classes)  # (before the engine hooks the model)
     engine = GradEngine(model, microbatch, backend, loss_fn=loss_fn)
-    num_classes = int(y.max()) + 1 if n and not y.is_floating_point() else 0
     anchors = _aux(aux, num_classes, device)
     if SPECS[mechanism].needs_aux and anchors is None:
         raise ValueError(f"aux: mechanism {mechanism} needs auxiliary (public) data")
@@ -404,6 +407,24 @@ def _check_privacy_args(epsilon, noise_multiplier) -> None:
         raise ValueError(f"epsilon: must be > 0, got {epsilon}")
     if noise_multiplier is not None and not noise_multiplier > 0:
         raise ValueError(f"noise_multiplier: must be > 0, got {noise_multiplier}")
+
+
+def _classes(model: nn.Module, x: Tensor, y: Tensor, given: int | None) -> int:
+    """The classes: ``given``, else the width of the model's output (its shape, not its
+    values, so nothing of the private data), never ``y.max()``: one example of a rare class
+    would change it, and with it the anchors' random labels and so the subspace."""
+    if y.is_floating_point():
+        return 0
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int) or given < 2:
+            raise ValueError(f"num_classes: an int >= 2, got {given!r}")
+        return given
+    with torch.no_grad():
+        out = model(x[:1])
+    if out.dim() != 2 or out.shape[1] < 2:
+        raise ValueError(f"num_classes: the model's output has shape {tuple(out.shape)}, not "
+                         "(batch, classes): give num_classes")  # fmt: skip
+    return int(out.shape[1])
 
 
 def _aux(aux, num_classes: int, device) -> AuxData | None:

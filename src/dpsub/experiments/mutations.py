@@ -951,6 +951,13 @@ MUTANTS = (
         ("tests/integration/test_api_journal.py", "-k", "crashed"),
     ),
     Mutant(
+        "api-classes-read-from-the-private-labels",
+        "src/dpsub/api/private.py",
+        "    num_classes = _classes(model, x, y, num_classes)",
+        "    num_classes = int(y.max()) + 1",
+        ("tests/integration/test_api.py", "-k", "anchors_labels"),
+    ),
+    Mutant(
         "api-non-private-session-takes-a-private-state",
         "src/dpsub/api/private.py",
         '    if (acct.ledger is None) != (state.get("ledger") is None):',
