@@ -7,6 +7,7 @@ of the released noise; the cost against DP-SGD's ledger for the same run.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -182,8 +183,9 @@ def test_k_larger_than_the_public_set_is_refused():
 def test_public_examples_are_neither_in_the_private_set_nor_in_N():
     run = build_run(compose_cfg(*SYNTH, "mechanism=pdpsgd", "aux.num_samples=50"))
     assert run.aux.source == "public_train"  # the mechanism's default public set
-    assert len(run.data.train_y) == 400 - 50
-    assert run.q == pytest.approx(64 / (400 - 50))  # q = B / (N - m)
+    m = len(run.aux.x)  # the hash pick: about 50
+    assert 30 < m < 70 and len(run.data.train_y) == 400 - m
+    assert run.q == pytest.approx(64 / (400 - m))  # q = B / (N - m)
     priv = {tuple(r.tolist()) for r in run.data.train_x.flatten(1)}
     assert not any(tuple(r.tolist()) in priv for r in run.aux.x.flatten(1))
 
@@ -207,3 +209,35 @@ def test_epsilon_equals_dpsgds_for_the_same_run():
         run = runs[name]
         assert run.ledger.history == ref.ledger.history == [(ref.z, ref.q, 3)]
         assert run.ledger.epsilon() == ref.ledger.epsilon()
+
+
+def test_the_public_part_moves_no_other_example_when_one_private_example_is_removed():
+    """The public examples set PDP-SGD's basis without noise: which ones are public must not
+    depend on the other examples (a class-balanced pick used every private label: with one
+    example removed, 28 of 50 public examples stayed, a membership test on the model)."""
+    from dpsub.data.aux import build_aux
+    from dpsub.data.datasets import DatasetBundle
+
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(1001, 1, 2, 2, generator=g), torch.randint(0, 3, (1001,), generator=g)
+
+    def public(n, pick):
+        e = torch.zeros(0, 1, 2, 2)
+        data = DatasetBundle("toy", x[:n], y[:n], e, y[:0], 3, None, (0.0,), (1.0,))
+        aux, _ = build_aux({"name": "public_train", "num_samples": 50, "pick": pick}, data, "", 0)
+        return {tuple(r.flatten().tolist()) for r in aux.x}
+
+    small, large = public(1000, "hash"), public(1001, "hash")
+    assert small <= large and large - small <= {tuple(x[1000].flatten().tolist())}
+    assert public(1000, "balanced") != public(1001, "balanced")  # (the old pick moves many)
+
+
+def test_a_balanced_public_part_marks_the_run_not_covered(tmp_path):
+    from dpsub.training.loop import train
+
+    cfg = compose_cfg(*SYNTH, "mechanism=pdpsgd", "aux.num_samples=50", "aux.pick=balanced",
+                      "train.max_steps=1", "mechanism.num_bases=4")  # fmt: skip
+    train(cfg, tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["covered_by_epsilon"] is False
+    assert "public_part_chosen_with_private_labels" in str(summary)

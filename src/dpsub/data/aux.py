@@ -159,6 +159,7 @@ def _generator(seed: int, stream: int) -> torch.Generator:
 
 
 _SELECT, _LABELS = 0, 1  # streams: selection (and gaussian noise), random_once labels
+_PUBLIC_KEY = 104729  # public_train's hash pick: seed-free (every run the same public part)
 
 
 def _check_count(m: int, available: int, what: str) -> None:
@@ -351,9 +352,28 @@ def _load_heldout_test(
 
 @source("public_train")
 def _load_public_train(
-    data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path
+    data: DatasetBundle, num_samples: int, generator: torch.Generator, root: Path, pick: str
 ) -> _Sample:
-    return _split_off(data, "train", num_samples, generator, "leaving >= 1 private example")
+    """``pick=hash``: each training example is public when a hash of its own bytes falls
+    below m / N, so one added or removed private example moves no other between the public
+    and private parts (about m, the same for every seed). ``balanced``: exactly m,
+    class-balanced, chosen with every private label (a membership test on the released
+    model; the run is marked not covered)."""
+    if pick == "balanced":
+        return _split_off(data, "train", num_samples, generator, "leaving >= 1 private example")
+    from dpsub.data.validation import hashed_pick
+
+    n = len(data.train_y)
+    _check_count(
+        num_samples, n - 1, f"the train split of {data.name} (leaving >= 1 private example)"
+    )
+    idx = hashed_pick(data.train_x, data.train_y, num_samples / n, _PUBLIC_KEY)
+    if not 1 <= len(idx) < n:
+        raise ConfigError(f"aux.num_samples: the hash pick made {len(idx)} of {n} training "
+                          "examples public; give a larger num_samples")  # fmt: skip
+    keep = _complement(n, idx)
+    rest = dataclasses.replace(data, train_x=data.train_x[keep], train_y=data.train_y[keep])
+    return data.train_x[idx].clone(), data.train_y[idx].clone(), rest
 
 
 @source("gaussian")
@@ -402,7 +422,8 @@ def build_aux(cfg, data: DatasetBundle, root: str, seed: int):
         root=Path(root).expanduser(),
         **o,
     )
-    assert x.shape == (m, *data.in_shape), (x.shape, data.in_shape)
+    assert x.shape[1:] == data.in_shape and (len(x) == m or name == "public_train"), x.shape
+    m = len(x)  # (public_train's hash pick: about m)
     if labels == "true" and y is None:  # e.g. a cifar100 aux.path file without 'labels'
         raise DataError(
             f"aux.labels: 'true' but aux source {name} read no labels "

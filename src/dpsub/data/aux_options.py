@@ -75,8 +75,11 @@ AUX_SOURCES: Mapping[str, AuxSource] = MappingProxyType({s.name: s for s in (
         summary="m examples of the private test split, removed from the evaluation set",
     ),
     AuxSource(
-        "public_train", {**_COMMON, "num_samples": 100, "labels": "true"}, has_labels=True,
-        summary="m examples of the private train split, removed from it (PDP-SGD: m=100)",
+        "public_train", {**_COMMON, "num_samples": 100, "labels": "true", "pick": "hash"},
+        has_labels=True,
+        summary="about m examples of the private train split, each by a hash of its own "
+        "bytes, removed from it (PDP-SGD: m=100; pick=balanced: exactly m, class-balanced, "
+        "chosen with every private label: not covered by epsilon)",
     ),
     AuxSource(
         "gaussian", _COMMON, has_labels=False,
@@ -137,6 +140,8 @@ def check_aux_config(options: Any) -> None:
     _check_seed(o["seed"])
     if "path" in o:
         _check_path(o["path"])
+    if "pick" in o and o["pick"] not in ("hash", "balanced"):
+        raise ConfigError(f"aux.pick: must be hash or balanced, got {o['pick']!r}")
     if "download" in o and not isinstance(o["download"], bool):
         raise ConfigError(f"aux.download: must be true or false, got {o['download']!r}")
 

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from dpsub.config import Settings, validate
+from dpsub.data.aux_options import aux_options
 from dpsub.errors import ConfigError, ResumeError
 from dpsub.models import count_parameters
 from dpsub.privacy import epsilon_for
@@ -317,6 +318,13 @@ def _uncovered_by_config(run: Run, private: bool) -> None:
         uncover(run, "shuffle_sampling")  # its epsilon assumes Poisson sampling
     if run.account.simulation is not None:  # a simulated noise level is no guarantee
         uncover(run, "simulated_noise")
+    aux = aux_options(run.settings.aux)
+    if (
+        run.mechanism.private
+        and aux.get("name") == "public_train"
+        and aux.get("pick") == "balanced"
+    ):
+        uncover(run, "public_part_chosen_with_private_labels")  # aux.pick=balanced
 
 
 def _header(run: Run, logger) -> dict:
