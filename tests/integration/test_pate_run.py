@@ -87,7 +87,11 @@ def test_pate_end_to_end_and_resume(tmp_path, monkeypatch):
     assert summary["answered_label_accuracy"] > 0.3  # the noisy labels carry signal
     assert summary["test_accuracy"] > 0.15  # above chance (10 classes)
     assert "data-dependent epsilon" not in (tmp_path / "full" / "train.log").read_text()
-    labels = json.loads((tmp_path / "full" / pate_run.STATE).read_text())["labels"]
+    public_state = json.loads((tmp_path / "full" / pate_run.STATE).read_text())
+    labels = public_state["labels"]
+    assert "rdp_data_dependent" not in public_state["ledger"]  # un-noised: under private/
+    assert (tmp_path / "full" / pate_run.DATA_DEPENDENT).is_file()
+    assert "sizes" not in (tmp_path / "full" / "train.log").read_text()  # counts of hashes
 
     # killed after 12 queries (last save at 10), then resumed
     real = pate_run.build_aggregator
@@ -292,7 +296,8 @@ def test_smooth_sensitivity_release_is_charged_recorded_and_covered(tmp_path, mo
         rdp_to_epsilon(np.array([rel["rdp_released"] + rel["rdp_cost"]]), 1e-5, [10.0])
     )
     state = json.loads((run / pate_run.STATE).read_text())
-    ledger = PateLedger.from_state_dict(state["ledger"])
+    curve = json.loads((run / pate_run.DATA_DEPENDENT).read_text())  # private: not in state
+    ledger = PateLedger.from_state_dict({**state["ledger"], **curve})
     assert np.array_equal(ledger.rdp_reserved, reserve) and state["release"] == rel
     assert summary["epsilon"] == pytest.approx(rdp_to_epsilon(ledger.rdp + reserve, 1e-5, ORDERS))
     assert summary["epsilon"] > rdp_to_epsilon(ledger.rdp, 1e-5, ORDERS) + 0.01

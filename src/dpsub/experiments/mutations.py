@@ -951,6 +951,27 @@ MUTANTS = (
         ("tests/integration/test_api_journal.py", "-k", "crashed"),
     ),
     Mutant(
+        "pate-data-dependent-curve-in-the-public-state",
+        "src/dpsub/pate/run.py",
+        'public.pop("rdp_data_dependent")',
+        'public.get("rdp_data_dependent")',
+        ("tests/integration/test_pate_run.py", "-k", "end_to_end"),
+    ),
+    Mutant(
+        "public-part-picked-with-the-private-labels",
+        "src/dpsub/data/aux.py",
+        '    if pick == "balanced":\n        return _split_off(data, "train"',
+        '    if True:\n        return _split_off(data, "train"',
+        ("tests/unit/test_pdpsgd.py", "-k", "moves_no_other"),
+    ),
+    Mutant(
+        "balanced-public-part-left-covered",
+        "src/dpsub/training/loop.py",
+        'uncover(run, "public_part_chosen_with_private_labels")',
+        "pass",
+        ("tests/unit/test_pdpsgd.py", "-k", "not_covered"),
+    ),
+    Mutant(
         "api-classes-read-from-the-private-labels",
         "src/dpsub/api/private.py",
         "    num_classes = _classes(model, x, y, num_classes)",

@@ -31,6 +31,8 @@ from dpsub.pate.votes import hash_partition, histograms, partition
 log = logging.getLogger("dpsub")
 STATE = "pate_state.json"
 VOTES = Path("private") / "votes.npy"
+#: the data-dependent RDP of the answered queries: un-noised, private like the votes
+DATA_DEPENDENT = Path("private") / "rdp_data_dependent.json"
 DD_NOTE = (
     "NOT a guarantee: computed from the private votes and reported without noise; the run's "
     "epsilon is the data-independent one (pate.release=smooth_sensitivity releases it with "
@@ -104,12 +106,24 @@ def run_config(cfg, pate) -> dict:
 
 
 def _save_state(run_dir: Path, state: dict) -> None:
-    tmp = run_dir / (STATE + ".tmp")
+    _save_json(run_dir / STATE, state)
+
+
+def _save_json(path: Path, value: dict) -> None:
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
-        json.dump(state, f)
+        json.dump(value, f)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, run_dir / STATE)
+    os.replace(tmp, path)
+
+
+def _private_curve(run_dir: Path) -> dict:
+    """The data-dependent RDP curve, kept under ``private/`` (un-noised: a function of the
+    votes); a state written before it moved there holds it itself."""
+    path = run_dir / DATA_DEPENDENT
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def compute_votes(cfg, pate, pools, device, save_dir: Path | None = None) -> np.ndarray:
@@ -146,12 +160,11 @@ def teacher_partition(pate, x, y, seed: int) -> np.ndarray:
     sizes = np.bincount(teacher_of, minlength=pate.teachers)
     if sizes.min() == 0:
         raise ConfigError(
-            f"pate.teachers: teacher {int(sizes.argmin())} of {pate.teachers} got no example "
-            f"of the {len(y)} (hash partition): use fewer teachers"
+            f"pate.teachers: a teacher of the {pate.teachers} got no example of the {len(y)} "
+            "(hash partition): use fewer teachers"
         )
-    log.info("pate: hash partition, teachers' sizes %d to %d (mean %.1f)", sizes.min(),
-             sizes.max(), sizes.mean())  # fmt: skip
-    return teacher_of
+    log.info("pate: hash partition of %d examples into %d teachers", len(y), pate.teachers)
+    return teacher_of  # (their sizes are not logged: counts of the private examples' hashes)
 
 
 def teacher_seed(cfg, pate) -> int:
@@ -224,13 +237,17 @@ def answer_queries(cfg, pate, votes: np.ndarray, num_classes: int, run_dir: Path
     ledger = PateLedger(cfg.privacy.delta, cfg.privacy.epsilon, rdp_reserved=reserved(pate))
     if (run_dir / STATE).is_file():
         state = json.loads((run_dir / STATE).read_text())
-        ledger = PateLedger.from_state_dict(state["ledger"])
+        ledger = PateLedger.from_state_dict({**state["ledger"], **_private_curve(run_dir)})
         rng.bit_generator.state = state["rng"]
         log.info("pate: resumed at query %d (%d answered)", state["next"], len(state["labels"]))
     last = min(len(hist), pate.max_queries or len(hist))
 
     def save(done: bool) -> None:
-        state.update(done=done, ledger=ledger.state_dict(), rng=rng.bit_generator.state,
+        public = ledger.state_dict()  # its data-dependent curve: a function of the votes
+        _save_json(
+            run_dir / DATA_DEPENDENT, {"rdp_data_dependent": public.pop("rdp_data_dependent")}
+        )
+        state.update(done=done, ledger=public, rng=rng.bit_generator.state,
                      config=run_config(cfg, pate))  # fmt: skip
         _save_state(run_dir, state)
         logger.log({"queries": ledger.queries, "answered": ledger.answered,
