@@ -100,6 +100,18 @@ def test_secure_mode_logs_no_timing(tmp_path):
     assert "steps/s" not in (tmp_path / "run" / "train.log").read_text()
 
 
+def test_a_secure_checkpoint_holds_no_timing_and_no_stream_that_counts_the_batches(tmp_path):
+    """The augmentation stream draws per sampled example: its saved state would count the
+    secret Poisson batches (a review recovered their total), as the run's seconds time it."""
+    import torch
+
+    train(compose_cfg(*SHORT, "privacy.rng=secure", "train.augmult=2", "model=mnist_cnn"),
+          tmp_path / "run")  # fmt: skip
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["state"]
+    assert set(state["rng"]["devices"]) == {"public"}  # no sampler, noise or augment stream
+    assert not TIMING & set(state)
+
+
 def test_run_average_timing_spans_the_whole_run_across_resumes(tmp_path):
     run_dir = tmp_path / "run"
     train(compose_cfg(*SHORT), run_dir)

@@ -69,14 +69,14 @@ def test_npz_errors_name_the_problem(tmp_path):
         _load("npz", _npz(tmp_path / "f.npz", x.astype(np.float32), rng.integers(0, 3, 50)))
 
 
-def _folder(root, sizes=None, test_classes=("cat", "dog")):
+def _folder(root, sizes=None, test_classes=("cat", "dog"), gray=False):
     rng = np.random.default_rng(3)
     for split, classes in (("train", ("cat", "dog")), ("test", test_classes)):
         for c in classes:
             (root / split / c).mkdir(parents=True)
             for i in range(3):
                 s = (sizes or {}).get((split, c, i), 12)
-                img = rng.integers(0, 256, (s, s, 3), dtype=np.uint8)
+                img = rng.integers(0, 256, (s, s) if gray else (s, s, 3), dtype=np.uint8)
                 Image.fromarray(img).save(root / split / c / f"{i}.png")
     return root
 
@@ -85,6 +85,17 @@ def test_imagefolder_classes_are_the_train_folders(tmp_path):
     d = _load("imagefolder", _folder(tmp_path / "f"))
     assert d.classes == ["cat", "dog"] and d.num_classes == 2 and d.in_shape == (3, 12, 12)
     assert d.train_y.tolist() == [0, 0, 0, 1, 1, 1] and len(d.test_y) == 6
+
+
+def test_imagefolder_channels_are_never_decided_by_a_private_image(tmp_path):
+    """One colour training image among gray ones used to make every image RGB (the model's
+    input shape, and so the released model, then told whether it was there)."""
+    root = _folder(tmp_path / "f", gray=True)
+    assert _load("imagefolder", root).in_shape == (1, 12, 12)
+    colour = np.random.default_rng(0).integers(0, 256, (12, 12, 3), dtype=np.uint8)
+    Image.fromarray(colour).save(root / "train" / "cat" / "9.png")
+    d = _load("imagefolder", root)
+    assert d.in_shape == (1, 12, 12) and len(d.train_y) == 7  # its luminance
 
 
 def test_imagefolder_sizes_must_agree_unless_resized(tmp_path):

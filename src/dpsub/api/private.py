@@ -25,6 +25,7 @@ from dpsub.mechanisms.options import SPECS
 from dpsub.privacy import PrivacyLedger
 from dpsub.privacy.run_account import PrivacyAccount
 from dpsub.training.build import (
+    UNSAVED_AUGMENT,
     Run,
     StepOutcome,
     assemble_run,
@@ -112,7 +113,8 @@ def make_private(
     mech.setup(engine, anchors)
     gens, source, uniform = randomness(seed, secure, device, augment=_views(augmult, x) > 1)
     if augmult > 1:  # public crops and flips from their own stream
-        engine.augmult = Augmult(int(augmult), view_padding(x.shape[2]), flip, gens["augment"])
+        views = gens.pop(UNSAVED_AUGMENT, None) or gens["augment"]  # secure: not checkpointed
+        engine.augmult = Augmult(int(augmult), view_padding(x.shape[2]), flip, views)
     budget = math.inf if epsilon is None else float(epsilon)
     account = PrivacyAccount.open(
         n=n, batch_size=batch_size, steps=total, phases=mech.phases(total) if mech.private else None,

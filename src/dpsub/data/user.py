@@ -15,8 +15,9 @@ Layouts: an npz holds ``x_train``, ``y_train``, ``x_test``, ``y_test``; images a
 ``(n, H, W)``, ``(n, H, W, C)`` or ``(n, C, H, W)`` with C = 1 or 3, uint8 in [0, 255] or
 floats in [0, 1]. An image folder holds ``train/<class>/<image>`` and ``test/<class>/<image>``
 (PNG, JPEG, BMP, GIF, WebP; classes are the sorted folder names of ``train/``); every image
-must have one size unless ``dataset.image_size`` resizes them, and gray images stay one
-channel only if all of them are gray.
+must have one size unless ``dataset.image_size`` resizes them, and the images have one
+channel when every test image is gray (colour training images then become gray), else
+three: the private images never decide it.
 """
 
 from __future__ import annotations
@@ -165,8 +166,11 @@ def _stack(images: list, gray: bool) -> np.ndarray:
                 f"{f}: size {im.shape[1]}x{im.shape[0]}, the first image's is "
                 f"{shape[1]}x{shape[0]}; set dataset.image_size to resize them all"
             )
-        if im.ndim == 2:  # gray: one channel if every image is, else repeated to RGB
+        if im.ndim == 2:  # gray: one channel if the test images are, else repeated to RGB
             im = im[..., None] if gray else np.repeat(im[..., None], 3, axis=-1)
+        elif gray:  # a colour image where the test images are gray: its luminance
+            lum = im[..., :3].astype(np.float64) @ np.array([0.299, 0.587, 0.114])
+            im = np.clip(np.round(lum), 0, 255).astype(im.dtype)[..., None]
         out.append(im)
     return np.stack(out).transpose(0, 3, 1, 2)
 
@@ -191,7 +195,9 @@ def _load_imagefolder(
         raise DataError(f"{base / 'test'}: class folder {extra[0]!r} is not in train/")
     tr, tr_y = _read_split(base / "train", classes, image_size)
     te, te_y = _read_split(base / "test", classes, image_size)
-    gray = all(im.ndim == 2 for _, im in tr + te)
+    # one channel when every *test* image is gray: never decided by the private images (one
+    # colour image among them would change the model's input, a membership test)
+    gray = all(im.ndim == 2 for _, im in te)
     tr_x, te_x = _stack(tr, gray), _stack(te, gray)
     if tr_x.shape[1:] != te_x.shape[1:]:
         raise DataError(f"{base}: train and test images differ in size; set dataset.image_size")

@@ -951,6 +951,27 @@ MUTANTS = (
         ("tests/integration/test_api_journal.py", "-k", "crashed"),
     ),
     Mutant(
+        "imagefolder-channels-decided-by-the-private-images",
+        "src/dpsub/data/user.py",
+        "    gray = all(im.ndim == 2 for _, im in te)",
+        "    gray = all(im.ndim == 2 for _, im in tr + te)",
+        ("tests/unit/test_user_data.py", "-k", "channels"),
+    ),
+    Mutant(
+        "secure-checkpoint-keeps-the-augment-stream",
+        "src/dpsub/training/build.py",
+        "            gens[UNSAVED_AUGMENT] = torch.Generator(",
+        '            gens["augment"] = torch.Generator(',
+        ("tests/integration/test_coverage.py", "-k", "stream_that_counts"),
+    ),
+    Mutant(
+        "secure-checkpoint-keeps-its-timing",
+        "src/dpsub/training/build.py",
+        "**({} if run.secure else {",
+        "**({} if False else {",
+        ("tests/integration/test_coverage.py", "-k", "stream_that_counts"),
+    ),
+    Mutant(
         "pate-data-dependent-curve-in-the-public-state",
         "src/dpsub/pate/run.py",
         'public.pop("rdp_data_dependent")',

@@ -15,6 +15,7 @@ Path of one step (the privacy policy is the account's: privacy/run_account.py)::
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -277,7 +278,8 @@ def build_run(
 
     augment = s.train.augmult > 1
     gens, source, uniform = randomness(s.seed, s.privacy.rng == "secure", device, dist, augment)
-    engine.augmult = build_augmult(s.train.augmult, data.name, data.in_shape, gens.get("augment"))
+    views = gens.pop(UNSAVED_AUGMENT, None) or gens.get("augment")
+    engine.augmult = build_augmult(s.train.augmult, data.name, data.in_shape, views)
     if mechanism.private:
         say(f"setup: the privacy account, epsilon {s.privacy.epsilon} over {total_steps} steps")
     account = _account(s, mechanism, n_train, total_steps, uniform, device)
@@ -306,6 +308,10 @@ def assemble_run(
     )  # fmt: skip
 
 
+#: secure mode's augmentation stream: handed to the views, never checkpointed
+UNSAVED_AUGMENT = "augment (secure, unsaved)"
+
+
 def randomness(seed: int, secure: bool, device, dist: Dist = SINGLE, augment: bool = False):
     """``(generators to checkpoint, noise source, uniform draws for sampling)``: seeded, or
     secret (``secure``, ``privacy.rng=secure``: never saved); under torchrun drawn by rank 0."""
@@ -319,7 +325,9 @@ def randomness(seed: int, secure: bool, device, dist: Dist = SINGLE, augment: bo
     if secure:
         secure = SecureNoise()
         source, uniform = secure, (lambda n: secure.uniform(n, device))
-        gens = {k: g for k, g in gens.items() if k in ("public", "augment")}  # secret: unsaved
+        gens = {k: g for k, g in gens.items() if k == "public"}  # secret: unsaved
+        if augment:  # its draws count the secret batches' examples: seeded by the OS, unsaved
+            gens[UNSAVED_AUGMENT] = torch.Generator(device=device).manual_seed(secrets.randbits(63))
         draws = torch.float64
     else:
         source, uniform = SeededNoise(gens["noise"]), seeded_uniform(gens["sampler"], device)
@@ -404,8 +412,7 @@ def run_state(run: Run) -> dict:
         "noise_multiplier": run.z,
         "secure": run.secure,
         "uncovered": list(run.uncovered),
-        "run_seconds": run.run_seconds,
-        "cpu_seconds": run.cpu_seconds,
+        **({} if run.secure else {"run_seconds": run.run_seconds, "cpu_seconds": run.cpu_seconds}),
         **({"ema": run.ema.state_dict()} if run.ema is not None else {}),
     }
 
