@@ -315,7 +315,11 @@ def test_a_killed_extraction_resumes_after_its_written_batches(tmp_path, monkeyp
     feats = cached_features(resumed, ident, x, tmp_path, 3, None, "x")
     assert resumed.calls == 1  # the 4th batch only; 3 were written before the kill
     torch.testing.assert_close(feats, Counting()(x), rtol=0, atol=0)
-    assert [p.name for p in (tmp_path / "features").iterdir()] == [f"{cache_key(ident, x)}.pt"]
+    key = cache.secret_key(tmp_path / "features")
+    names = sorted(p.name for p in (tmp_path / "features").iterdir())
+    assert names == [".key", f"{cache_key(ident, x, None, key)}.pt"]
+    assert f"{cache_key(ident, x)}.pt" not in names  # the name is keyed: no membership test
+    assert (tmp_path / "features" / ".key").stat().st_mode & 0o077 == 0  # owner-only
 
 
 def test_efficientnet_per_example_and_ghost_gradients_on_its_features_are_exact(lite0):

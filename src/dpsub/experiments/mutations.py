@@ -951,6 +951,13 @@ MUTANTS = (
         ("tests/integration/test_api_journal.py", "-k", "crashed"),
     ),
     Mutant(
+        "feature-cache-named-by-an-unkeyed-hash-of-the-private-images",
+        "src/dpsub/features/cache.py",
+        'path = folder / f"{cache_key(ident, x, image_size, secret_key(folder))}.pt"',
+        'path = folder / f"{cache_key(ident, x, image_size)}.pt"',
+        ("tests/unit/test_features.py", "-k", "killed_extraction"),
+    ),
+    Mutant(
         "imagefolder-channels-decided-by-the-private-images",
         "src/dpsub/data/user.py",
         "    gray = all(im.ndim == 2 for _, im in te)",

@@ -4,7 +4,10 @@ runs, its finished batches in ``<key>.parts/``, from which a killed extraction r
 The key hashes the extractor's identity (name, options, weights hash, library version)
 and a fingerprint of the exact input images (shape and bytes), so a different extractor,
 different weights or different data (another split, a train_size subset, another copy of
-the files) never reuses stale features.
+the files) never reuses stale features. The fingerprint is keyed by the cache folder's own
+random key (``features/.key``, owner-only): an unkeyed hash of the private images, in a
+file name or a log line, let anyone holding a candidate dataset test it (a membership
+test). The cached features of the private images are private data, like the images.
 """
 
 from __future__ import annotations
@@ -23,16 +26,36 @@ from torch.nn import functional as F
 log = logging.getLogger("dpsub.features")
 
 
-def fingerprint(x: torch.Tensor) -> str:
-    h = hashlib.blake2b(digest_size=16)
+def fingerprint(x: torch.Tensor, key: bytes = b"") -> str:
+    """A hash of ``x``'s shape and bytes, keyed by ``key`` (the cache's secret: without it
+    nobody can test a candidate dataset against a file name)."""
+    h = hashlib.blake2b(digest_size=16, key=key)
     h.update(str((tuple(x.shape), str(x.dtype))).encode())
     h.update(x.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
-def cache_key(ident: dict, x: torch.Tensor, image_size=None) -> str:
+def cache_key(ident: dict, x: torch.Tensor, image_size=None, key: bytes = b"") -> str:
     spec = json.dumps({"extractor": ident, "image_size": image_size}, sort_keys=True)
-    return hashlib.sha256((spec + fingerprint(x)).encode()).hexdigest()[:24]
+    return hashlib.sha256((spec + fingerprint(x, key)).encode()).hexdigest()[:24]
+
+
+def secret_key(folder: Path) -> bytes:
+    """The cache folder's own random key (``.key``, readable by its owner only), made once."""
+    path = folder / ".key"
+    folder.mkdir(parents=True, exist_ok=True)
+    if not path.is_file():
+        tmp = folder / f".key.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(32))
+        try:
+            os.link(tmp, path)  # the first writer wins; the others read its key
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_bytes()
 
 
 @torch.no_grad()
@@ -66,16 +89,17 @@ def cached_features(
     seconds, a later call with the same key starts after them, and the parts become one
     file at the end. ``counter(total, what)``: progress while extracting (the trainer's
     :class:`~dpsub.training.progress.Counter`: a bar, or a line at each tenth)."""
-    path = Path(cache_dir) / "features" / f"{cache_key(ident, x, image_size)}.pt"
-    if path.is_file():
-        log.info("features of %s (%d examples): cached %s", what, len(x), path)
+    folder = Path(cache_dir) / "features"
+    path = folder / f"{cache_key(ident, x, image_size, secret_key(folder))}.pt"
+    if path.is_file():  # (its name is not logged: a hash of the private images)
+        log.info("features of %s (%d examples): cached", what, len(x))
         return torch.load(path, map_location="cpu", weights_only=True)
     parts = path.with_suffix(".parts")
     done = finished_parts(parts)
     start = sum(len(t) for t in done)
     log.info("features of %s (%d examples): extracting with %s", what, len(x), ident["name"])
     if start:
-        log.info("features of %s: resuming after %d examples in %s", what, start, parts)
+        log.info("features of %s: resuming after %d examples", what, start)
     progress = counter(len(x), f"features of {what}") if counter is not None else None
     try:
         if progress is not None and start:
