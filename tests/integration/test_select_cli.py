@@ -121,6 +121,7 @@ def test_the_bound_is_the_largest_plan_of_the_candidates(tmp_path):
             "aux.path",
         ),  # fmt: skip
         (("--grid", "optim.lr=0.1", "--bogus"), "--bogus"),
+        (("--grid", "optim.lr=0.1", "aux=public_train", "aux.pick=balanced"), "aux.pick: its runs"),
     ],
 )
 def test_a_mistake_is_one_line_exit_2_and_nothing_written(tmp_path, words, named):
@@ -139,3 +140,17 @@ def test_a_non_empty_out_is_refused(tmp_path):
     proc = select(out, "--grid", "optim.lr=0.1", *SEARCH, *TOY, check=False)
     assert proc.returncode == 2 and "--out" in proc.stderr
     assert [p.name for p in out.iterdir()] == ["x"]
+
+
+def test_a_subset_drawn_with_each_runs_seed_is_refused():
+    """dataset.train_size draws its subset with the run's seed: the runs of a search, each
+    with its own seed, would train and be scored on examples the bound did not count."""
+    from dpsub.cli.select import _check_covered
+    from dpsub.config import validate
+    from dpsub.errors import ConfigError
+    from dpsub.overrides import compose, config_context
+
+    with config_context():
+        s = validate(compose(["dataset=mnist", "dataset.train_size=300"]))
+    with pytest.raises(ConfigError, match="dataset.train_size: its subset is drawn"):
+        _check_covered(s)

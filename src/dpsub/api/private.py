@@ -421,8 +421,8 @@ def _classes(model: nn.Module, x: Tensor, y: Tensor, given: int | None) -> int:
         if isinstance(given, bool) or not isinstance(given, int) or given < 2:
             raise ValueError(f"num_classes: an int >= 2, got {given!r}")
         return given
-    with torch.no_grad():
-        out = model(x[:1])
+    with torch.no_grad():  # zeros, not a private example: a stateful layer would keep it
+        out = model(torch.zeros_like(x[:1]))
     if out.dim() != 2 or out.shape[1] < 2:
         raise ValueError(f"num_classes: the model's output has shape {tuple(out.shape)}, not "
                          "(batch, classes): give num_classes")  # fmt: skip

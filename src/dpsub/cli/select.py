@@ -190,14 +190,23 @@ def check_search(args: argparse.Namespace) -> tuple[list, object, object]:
 
 def _check_covered(s) -> None:
     """A run whose epsilon would not cover it cannot be part of a search that claims one."""
-    p = s.privacy
+    from dpsub.data.aux_options import aux_options
+
+    p, aux = s.privacy, aux_options(s.aux)
     for key, bad in (
         ("privacy.sampling", p.sampling != "poisson"),
         ("privacy.private_diagnostics", p.private_diagnostics),
         ("eval.mia", s.eval.mia),
+        ("aux.pick", aux.get("name") == "public_train" and aux.get("pick") == "balanced"),
     ):
         if bad:
             raise ConfigError(f"{key}: its runs would not be covered by their epsilon")
+    if s.dataset.train_size is not None:  # drawn with each run's own seed, by the labels
+        raise ConfigError(
+            "dataset.train_size: its subset is drawn with each run's seed, so the runs of a "
+            "search would train (and be scored) on different examples than the bound counts; "
+            "give the subset as its own dataset (dataset=npz) instead"
+        )
 
 
 def search(args: argparse.Namespace, settings: list, bound, repetitions) -> dict:

@@ -855,6 +855,13 @@ MUTANTS = (
         ("tests/unit/test_data.py", "-k", "hash_validation"),
     ),
     Mutant(
+        "select-takes-a-subset-drawn-with-each-runs-seed",
+        "src/dpsub/cli/select.py",
+        "    if s.dataset.train_size is not None:  # drawn with each run's own seed",
+        "    if False:  # drawn with each run's own seed",
+        ("tests/integration/test_select_cli.py", "-k", "subset_drawn"),
+    ),
+    Mutant(
         "select-holds-out-by-position",
         "src/dpsub/cli/select.py",
         'FORCED = ("dataset.validation_pick=hash",',
