@@ -247,6 +247,7 @@ ADDED_LATER: dict[str, Any] = {
     "mechanism.head_scale": 1.0,
     "mechanism.anchor_precision": "fp32",
     "mechanism.diagnostics_every": 50,
+    "aux.pick": "balanced",  # public_train's pick before the hash (2026-11-29)
 }
 
 
