@@ -282,9 +282,10 @@ def lines(table, private: dict[str, list[dict]], tuned: Callable[[dict], list[fl
     out = [
         "### Tuned privately (the choice counted)",
         "",
-        "Each cell's tuning grid searched by `dpsub-select` (`--private-tune`): "
-        + (f"{one} runs" if one else "a number of runs (each row's law below)")
-        + " on candidates drawn from the grid, each scored with Gaussian noise on its count of "
+        "Each cell's tuning grid searched by `dpsub-select` (`--private-tune`; "
+        + (one if one else "each row's law below")
+        + "): a secret number K of runs on candidates drawn from the grid (the held-out "
+        "examples picked one by one by their hash), each scored with Gaussian noise on its count of "
         "correct held-out examples, only the best kept. A row's value is the kept models' test "
         "accuracy (%), one search per seed; its cost is the search's epsilon, which covers the "
         "choice. The searches ran seeded (each `selection.json` names its seed): whoever holds "
