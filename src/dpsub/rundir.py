@@ -50,6 +50,7 @@ __all__ = [
     "git_commit",
     "hardware",
     "not_covered_statistics",
+    "owner_only_tmp",
     "provenance",
 ]
 
@@ -107,6 +108,16 @@ def not_covered_statistics(summary: dict) -> dict[str, str]:
         if why is not None:
             out[key] = why
     return out
+
+
+def owner_only_tmp(path: Path, data: bytes) -> Path:
+    """``data`` written to a new file beside ``path`` that only its owner can read (a
+    secret key before it is linked or moved into place); returns that file."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return tmp
 
 
 class RunError(Exception):

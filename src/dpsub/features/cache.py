@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from dpsub.rundir import owner_only_tmp
+
 log = logging.getLogger("dpsub.features")
 
 
@@ -45,10 +47,7 @@ def secret_key(folder: Path) -> bytes:
     path = folder / ".key"
     folder.mkdir(parents=True, exist_ok=True)
     if not path.is_file():
-        tmp = folder / f".key.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.urandom(32))
+        tmp = owner_only_tmp(path, os.urandom(32))
         try:
             os.link(tmp, path)  # the first writer wins; the others read its key
         except FileExistsError:

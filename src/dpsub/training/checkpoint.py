@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpsub.errors import ResumeError, RunDirInUse
-from dpsub.rundir import CHECKPOINT, FINGERPRINT_KEY, LEDGER
+from dpsub.rundir import CHECKPOINT, FINGERPRINT_KEY, LEDGER, owner_only_tmp
 
 if TYPE_CHECKING:  # torch and the accountant are imported where used: resume checks stay light
     import torch
@@ -189,11 +189,7 @@ def fingerprint_key(run_dir: Path, create: bool = False) -> bytes | None:
     if not create:
         return None
     key = secrets.token_bytes(32)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(key.hex() + "\n")
-    os.replace(tmp, path)
+    os.replace(owner_only_tmp(path, (key.hex() + "\n").encode()), path)
     return key
 
 
