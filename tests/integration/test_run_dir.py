@@ -10,10 +10,13 @@ import subprocess
 import sys
 from itertools import pairwise
 
+import numpy as np
 import pytest
+import torch
 import torch.optim.optimizer as optim_hooks
+from omegaconf import OmegaConf
 
-from dpsub.errors import ConfigError
+from dpsub.errors import ConfigError, ResumeError
 from dpsub.training.checkpoint import lock_run_dir
 from dpsub.training.loop import train
 
@@ -121,7 +124,8 @@ def test_a_secure_run_killed_before_its_first_checkpoint_is_never_started_again_
     cfg = compose_cfg(*SYNTH, "train.max_steps=6", "train.checkpoint_every=0", "privacy.rng=secure")
     run_dir = tmp_path / "run"
     killed_after(3, cfg, run_dir)
-    assert not (run_dir / "checkpoint.pt").exists() and counted(run_dir) == 4  # 4 released
+    step = torch.load(run_dir / "checkpoint.pt", weights_only=False)["state"]["step"]
+    assert step == 0 and counted(run_dir) == 4  # the step-0 checkpoint; 4 released
     before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
     with pytest.raises(ConfigError, match=f"out_dir: {run_dir} already holds a run; continue it with resume={run_dir}"):  # fmt: skip
         train(cfg, run_dir)
@@ -130,7 +134,7 @@ def test_a_secure_run_killed_before_its_first_checkpoint_is_never_started_again_
     res = train(cfg, run_dir, resume=True)
     assert counted(run_dir) == 4 + res.steps and res.stopped_by_budget  # 6 were planned
     assert res.epsilon <= cfg.privacy.epsilon
-    assert "4 steps ran after the start (no checkpoint)" in (run_dir / "train.log").read_text()
+    assert "4 steps ran after the checkpoint" in (run_dir / "train.log").read_text()
 
 
 def test_a_seeded_run_killed_before_its_first_checkpoint_resumes_by_replay_from_step_0(tmp_path):
@@ -150,6 +154,33 @@ def test_a_seeded_run_killed_before_its_first_checkpoint_resumes_by_replay_from_
     assert counted(tmp_path / "killed") == 4
     lines = [(tmp_path / d / "metrics.jsonl").read_text() for d in ("killed", "whole")]
     assert lines[0] == lines[1]  # the killed attempt's lines were replaced, not kept beside
+
+
+@pytest.mark.parametrize("change", ["data", "config.yaml"])
+def test_a_seeded_run_killed_before_its_first_checkpoint_refuses_other_data_or_config(
+    tmp_path, change
+):
+    """Its step-0 checkpoint holds the config and the keyed data fingerprint: the replay's
+    seeded noise on one more example (or another noise multiplier written into config.yaml)
+    would have released the difference of two sums (review, 2026-11-29)."""
+    rng = np.random.default_rng(0)
+    data = tmp_path / "d.npz"
+    x, y = rng.integers(0, 256, (201, 8, 8), dtype=np.uint8), rng.integers(0, 3, 201)
+    np.savez(data, x_train=x[:200], y_train=y[:200], x_test=x[:20], y_test=y[:20])
+    cfg = compose_cfg("dataset=npz", f"dataset.path={data}", "dataset.num_classes=3", "model=mlp",
+                      *SYNTH[3:], "train.max_steps=4", "train.checkpoint_every=0")  # fmt: skip
+    run_dir = tmp_path / "run"
+    killed_after(2, cfg, run_dir)
+    if change == "data":
+        np.savez(data, x_train=x, y_train=y, x_test=x[:20], y_test=y[:20])
+        match = "fingerprint"
+    else:
+        cfg = OmegaConf.load(run_dir / "config.yaml")
+        cfg.privacy.noise_multiplier = 0.5
+        OmegaConf.save(cfg, run_dir / "config.yaml")
+        match = "privacy.noise_multiplier"
+    with pytest.raises(ResumeError, match=match):
+        train(cfg, run_dir, resume=True)
 
 
 def test_ctrl_c_before_the_first_step_leaves_no_run_dir(tmp_path, monkeypatch):
@@ -242,8 +273,6 @@ def test_a_resume_that_reseeds_checkpoints_the_new_streams_before_its_first_step
     """A clean checkpoint moved to another device type: the streams are reseeded. A checkpoint
     of the new streams is written before any step, so a crash there cannot send the old
     device's checkpoint (other noise for the same steps) back into service."""
-    import torch
-
     from dpsub.training import loop as trainer
 
     def stop_at_2(run, stop):

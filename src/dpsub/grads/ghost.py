@@ -48,6 +48,9 @@ activations must not be modified in place afterwards. Examples whose loss or gra
 norm is not finite get factor 0 and their rows are zeroed before the book-keeping sums,
 so no NaN/Inf reaches ``grad_sum``; their reported norm is 0 (as in ``clip.clipped_sum``).
 (An infinite loss with a finite gradient, e.g. a true class masked to -inf, is dropped too.)
+At T > 1 positions a norm is an upper bound on the example's part of the sum *as computed*
+(:func:`_bounded`): the terms of ``B_i^T A_i`` may cancel, and a crafted input whose float32
+ghost norm was 0 once added ~1,800 C to the sum.
 
 Assumptions, as for any hook-based per-example method: row i of every layer's output
 depends on example i only (no BatchNorm), every layer output (and a supported layer's
@@ -369,10 +372,45 @@ def _views_as_batch(t: Tensor, views: int) -> Tensor:
 
 
 def _ghost_sq(A: Tensor, B: Tensor) -> Tensor:
-    """``||B_i^T A_i||_F^2 = <A_i A_i^T, B_i B_i^T>`` per example, without forming B_i^T A_i."""
+    """``||B_i^T A_i||_F^2 = <A_i A_i^T, B_i B_i^T>`` per example, without forming B_i^T A_i.
+    At T > 1 positions the Gram terms have both signs and may cancel: they are formed in
+    float64 (products of float32 values are exact there), see :func:`_bounded`."""
     if A.shape[1] == 1:
         return A.square().sum((1, 2)) * B.square().sum((1, 2))
+    A, B = A.double(), B.double()
     return (torch.bmm(A, A.mT) * torch.bmm(B, B.mT)).sum((1, 2))
+
+
+def _reach(A: Tensor, B: Tensor) -> Tensor:
+    """``sum_t ||A_i[t]|| ||B_i[t]||`` per example (float64): an upper bound on
+    ``||B_i^T A_i||_F`` with no cancellation, the scale of its rounding errors."""
+    norm = functools.partial(torch.linalg.vector_norm, dim=-1, dtype=torch.float64)
+    return (norm(A) * norm(B)).sum(1)
+
+
+def _bounded(
+    sq: Tensor, reach: Tensor | None, T: int, tf32: bool, like: Tensor, passes: int, gram: int = 0
+) -> Tensor:
+    """An upper bound on the squared norm of example i's part of the book-keeping sum *as
+    computed*, given ``sq``, its squared norm as computed: the float64 ghost norm (off by at
+    most ``gram 2^-53 reach^2``, ``gram = d + out + T^2`` terms) or the norm of the
+    materialized ``B_i^T A_i`` (``gram = 0``).
+
+    At T > 1 positions ``B_i^T A_i = sum_t B_i[t] A_i[t]^T`` can cancel: a crafted input
+    makes the computed norm 0 while the sum the book-keeping GEMM computes from the same
+    terms is ~1,000 C (then its clip factor is 1). Each of the ``passes`` computations of
+    that sum (the materialized rows, the GEMM) is off by at most ``gamma * reach`` with
+    ``gamma = 2 u_in + (T + 8) u`` (u the dtype's unit roundoff; u_in = 2^-11 when a CUDA
+    product rounds its inputs to TF32), the standard bound for a sum of T products that
+    the kernel accumulates in sequence; ``passes * gamma * reach`` is added to the norm.
+    Benign examples pay about ``passes T u reach / norm`` in relative terms (lenet's
+    convolutions: ~7e-5; at T = 1 nothing: no cancellation, one product per entry)."""
+    if T == 1:
+        return sq
+    u = torch.finfo(like.dtype).eps / 2
+    gamma = 2 * (2.0**-11 if tf32 and like.is_cuda else 0.0) + (T + 8) * u
+    exact = sq.double().clamp_min(0) + (gram + 4) * 2.0**-52 * reach.square()
+    return (exact.sqrt() + passes * gamma * reach).square().to(like.dtype)
 
 
 def _prefer_ghost(lay: _Layer, chunk: _Chunk, io: list, strategy: str) -> bool:
@@ -467,6 +505,15 @@ class _MatmulRule(LayerRule):
         """Whether the ghost norm applies (else the weight is always materialized)."""
         return not lay.shared
 
+    def reach(self, lay: _Layer, a: Tensor, g: Tensor, views: int) -> Tensor:
+        """:func:`_reach` of the layer's (A, B) per example (its views' positions summed)."""
+        A, B = self.patches(lay, a, g)
+        return _reach(A, B).view(-1, views).sum(1)
+
+    def tf32(self) -> bool:
+        """Whether CUDA may round this layer's products to TF32."""
+        return torch.backends.cuda.matmul.allow_tf32
+
     def process(self, lay: _Layer, chunk: _Chunk, strategy: str) -> str:
         io = [(_input(c), c.grads[0]) for c in lay.calls if c.grads[0] is not None]
         if not io:
@@ -476,11 +523,14 @@ class _MatmulRule(LayerRule):
         if "weight" not in lay.params:
             return "materialize"
         name = lay.names["weight"]
+        T = sum(self.dims(lay, a, g)[0] for a, g in io) * chunk.views
         if _prefer_ghost(lay, chunk, io, strategy):
             # several calls, several views: T positions each, example i's all in its row i
             pairs = [[_by_example(t, chunk.b) for t in self.patches(lay, a, g)] for a, g in io]
             A, B = (torch.cat(t, 1) if len(io) > 1 else t[0] for t in zip(*pairs, strict=True))
-            chunk.sq += _ghost_sq(A, B)
+            reach = _reach(A, B) if T > 1 else None
+            gram = A.shape[-1] + B.shape[-1] + T * T
+            chunk.sq += _bounded(_ghost_sq(A, B), reach, T, self.tf32(), A, 1, gram)
             choice = "ghost"
         else:
             out, w = None, lay.params["weight"]  # one call whose rows will be kept: they go
@@ -491,7 +541,8 @@ class _MatmulRule(LayerRule):
             if lay.shared or chunk.keep(G):
                 chunk.add(name, G)
                 return "materialize"
-            chunk.sq += _sq_norms(G)
+            reach = _total(self.reach(lay, a, g, chunk.views) for a, g in io) if T > 1 else None
+            chunk.sq += _bounded(_sq_norms(G), reach, T, self.tf32(), G, passes=2)
             choice = "materialize"
         chunk.later.append((name, functools.partial(_book, lay, io)))
         return choice
@@ -567,6 +618,20 @@ class Conv2dRule(_MatmulRule):
 
     def ghost_ok(self, lay):
         return super().ghost_ok(lay) and lay.module.groups == 1
+
+    def reach(self, lay, a, g, views):
+        """Without unfolding: ``||A_i[t]||^2`` is a convolution of the input's squares
+        summed over channels (all channels: an upper bound for a grouped convolution)."""
+        m = lay.module
+        a, pad = _conv_in(m, a)
+        sq = a.double().square().sum(1, keepdim=True)
+        ones = sq.new_ones(1, 1, *m.kernel_size)
+        na = F.conv2d(sq, ones, stride=m.stride, padding=pad, dilation=m.dilation)
+        nb = g.double().square().sum(1, keepdim=True)
+        return (na.clamp_min(0).sqrt() * nb.sqrt()).flatten(1).sum(1).view(-1, views).sum(1)
+
+    def tf32(self):
+        return torch.backends.cudnn.allow_tf32
 
 
 @register_rule(nn.GroupNorm, nn.LayerNorm)

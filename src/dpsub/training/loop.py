@@ -530,7 +530,11 @@ def _loop(run: Run, cfg: DictConfig, run_dir: Path) -> RunResult:
         log.info("%-16s %s", k, v)
     _warn_not_covered(run, private)
     saver, stopped_by_budget = _Saver(run, run_dir, resolved), False
-    if run.reseeded:  # the old device's checkpoint would replay these steps with other noise
+    # step 0: the run's config and (keyed) data fingerprint are on record before its first
+    # release, so a resume is checked against them even if it stops before its next
+    # checkpoint (seeded noise replayed on edited data or config would leak the difference);
+    # reseeded: the old device's checkpoint would replay these steps with other noise
+    if run.step == 0 or run.reseeded:
         saver()
     resumed = _resumed_accuracy(run_dir, run.step, run.data.eval_split) if run.step else None
     shown = _Shown(Window(), {}, resumed=resumed)
