@@ -50,7 +50,9 @@ __all__ = [
     "git_commit",
     "hardware",
     "not_covered_statistics",
+    "owner_only",
     "owner_only_tmp",
+    "private_folder",
     "provenance",
 ]
 
@@ -108,6 +110,21 @@ def not_covered_statistics(summary: dict) -> dict[str, str]:
         if why is not None:
             out[key] = why
     return out
+
+
+def private_folder(path: Path) -> Path:
+    """``path`` made if missing (its parents too) with only its owner allowed in: it holds
+    values computed from the private data without noise (a cache, PATE's votes). A folder
+    that exists already keeps its mode (it may be the user's own, shared, folder)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def owner_only(path: Path) -> Path:
+    """``path`` (a file just written, before it is renamed into place) readable by its
+    owner only."""
+    os.chmod(path, 0o600)
+    return path
 
 
 def owner_only_tmp(path: Path, data: bytes) -> Path:

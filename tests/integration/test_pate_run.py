@@ -296,7 +296,7 @@ def test_smooth_sensitivity_release_is_charged_recorded_and_covered(tmp_path, mo
         rdp_to_epsilon(np.array([rel["rdp_released"] + rel["rdp_cost"]]), 1e-5, [10.0])
     )
     state = json.loads((run / pate_run.STATE).read_text())
-    curve = json.loads((run / pate_run.DATA_DEPENDENT).read_text())  # private: not in state
+    curve = pate_run._private_curve(run, state["next"])  # private: not in state
     ledger = PateLedger.from_state_dict({**state["ledger"], **curve})
     assert np.array_equal(ledger.rdp_reserved, reserve) and state["release"] == rel
     assert summary["epsilon"] == pytest.approx(rdp_to_epsilon(ledger.rdp + reserve, 1e-5, ORDERS))
@@ -307,3 +307,101 @@ def test_smooth_sensitivity_release_is_charged_recorded_and_covered(tmp_path, mo
         pate_run, "release_data_dependent", lambda *a: pytest.fail("released twice")
     )
     assert run_pate(OmegaConf.load(run / "config.yaml"), run, True)["release"] == rel
+
+
+def _pools(n: int = 120, seed: int = 0):
+    from dpsub.pate.pool import Pools
+
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+    return Pools(x, y, x[:10], y[:10], x[:10], y[:10], "test", 3, (1, 8, 8), "tiny")
+
+
+def test_votes_are_named_by_their_settings_and_data_under_the_folders_key(tmp_path):
+    """Review 2026-11-29: the votes cache was keyed by the config alone (another data.root,
+    features or held-out draw read another run's votes), and a killed run resumed under an
+    edited config.yaml trained its remaining teachers on another partition beside the
+    saved ones (one example in two teachers). Now the name of the votes and of a run's
+    chunks covers the settings and a keyed hash of the teachers' data."""
+    cfg, pate = pate_run.split(_cfg())
+    name = pate_run.votes_name(cfg, pate, _pools(), tmp_path)
+    assert name == pate_run.votes_name(cfg, pate, _pools(), tmp_path)
+    assert name != pate_run.votes_name(cfg, pate, _pools(seed=1), tmp_path)  # other data
+    assert name != pate_run.votes_name(cfg, pate, _pools(119), tmp_path)  # one example fewer
+    for over in ("pate.teachers=12", "features=scatternet", "seed=1"):
+        other, opts = pate_run.split(_cfg(over))
+        assert name != pate_run.votes_name(other, opts, _pools(), tmp_path), over
+    other, opts = pate_run.split(_cfg("pate.sigma2=5.0", "privacy.epsilon=9"))
+    assert name == pate_run.votes_name(other, opts, _pools(), tmp_path)  # shared across budgets
+    assert name != pate_run.votes_name(cfg, pate, _pools(), tmp_path / "elsewhere")  # own key
+    assert name not in pate_run.votes_key(cfg, pate)
+
+
+def test_teachers_with_a_shared_teacher_seed_are_the_same_without_the_cache(tmp_path, monkeypatch):
+    """The held-out examples are drawn with pate.teacher_seed: the teachers (and the votes)
+    of two seeds then agree whether or not a cache held them (review: 238 of 300 validation
+    examples of seed 1 had trained seed 0's cached teachers)."""
+    got = []
+    real = pate_run.compute_votes
+    monkeypatch.setattr(pate_run, "compute_votes", lambda *a: got.append(a[2].train_x) or real(*a))
+    for seed in (0, 1):
+        run_pate(_cfg(f"seed={seed}", "pate.teacher_seed=0", "pate.holdout=300", *QUICK),
+                 tmp_path / f"s{seed}")  # fmt: skip
+    assert len(got) == 2 and torch.equal(got[0], got[1])
+    assert np.array_equal(*(np.load(tmp_path / f"s{s}" / pate_run.VOTES) for s in (0, 1)))
+
+
+def test_a_kill_between_the_curve_and_the_state_resumes_the_states_curve(tmp_path):
+    """The private curve is written before the state: after a kill between the two, the
+    state on disk still says the earlier count, and the curve read back is the one saved
+    with it (it was read as the later one: the data-dependent epsilon counted queries twice)."""
+    pate_run._save_curve(tmp_path, 10, [1.0, 2.0])
+    pate_run._save_curve(tmp_path, 15, [1.5, 3.0])  # killed before the state said 15
+    assert pate_run._private_curve(tmp_path, 10) == {"rdp_data_dependent": [1.0, 2.0]}
+    assert pate_run._private_curve(tmp_path, 15) == {"rdp_data_dependent": [1.5, 3.0]}
+    with pytest.raises(pate_run.ConfigError, match="does not belong"):
+        pate_run._private_curve(tmp_path, 5)
+
+
+def test_an_empty_teacher_votes_untrained_instead_of_refusing_the_run():
+    """Whether the hash partition left a teacher empty depends on the private data: refusing
+    the run then said so without noise (review 2026-11-29)."""
+    from dpsub.pate.teachers import predict_chunk
+
+    torch.manual_seed(0)
+    x, y = torch.randn(20, 1, 8, 8), torch.randint(0, 3, (20,))
+
+    def make():
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
+
+    opts = TeacherOptions(epochs=2, batch_size=8, lr=0.1, chunk=2)
+    empty = torch.zeros(0, dtype=torch.long)
+    base, params, buffers = train_chunk(make, x, y, [torch.arange(20), empty], 0, 7, opts)
+    torch.manual_seed(int(np.random.SeedSequence([7, 0x7EAC, 1]).generate_state(1)[0]))
+    untrained = make()
+    assert torch.equal(params["1.weight"][1], untrained[1].weight.detach())
+    assert predict_chunk(base, params, buffers, x, 8).shape == (2, 20)
+    cfg, pate = pate_run.split(_cfg("pate.teachers=40"))
+    pools = _pools(41)
+    teacher_of = pate_run.teacher_partition(pate, pools.train_x, pools.train_y, 0)
+    assert np.bincount(teacher_of, minlength=40).min() == 0  # (an empty one, not refused)
+
+
+def test_private_files_are_the_owners_alone(tmp_path):
+    """Votes, their chunks and cache, the private curve and cached features: 0600 files in
+    folders made 0700 (review: world-readable, and a public extractor tested membership)."""
+    from dpsub.features.cache import _save, secret_key
+
+    run_pate(_cfg(f"pate.votes_cache={tmp_path / 'cache'}", *QUICK), tmp_path / "run")
+    files = [tmp_path / "run" / pate_run.VOTES, tmp_path / "run" / pate_run.DATA_DEPENDENT,
+             *(tmp_path / "cache").glob("*.npy"), *(tmp_path / "cache").rglob("chunk*.npy")]  # fmt: skip
+    folders = [tmp_path / "run" / "private", tmp_path / "cache"]
+    secret_key(tmp_path / "features")
+    _save(torch.zeros(3), tmp_path / "features" / "f.pt")
+    files.append(tmp_path / "features" / "f.pt")
+    folders.append(tmp_path / "features")
+    assert len(files) >= 5
+    for f in files:
+        assert f.stat().st_mode & 0o077 == 0, f
+    for d in folders:
+        assert d.stat().st_mode & 0o077 == 0, d

@@ -46,10 +46,11 @@ def run_pate(cfg: DictConfig, run_dir: Path, resume: bool = False) -> dict:
         from dpsub.training.build import load_data, pick_device
 
         data, device = load_data(cfg), pick_device(str(cfg.device))
-        from dpsub.pate.run import held_out
+        from dpsub.pate.run import held_out, teacher_seed
 
         evaluate_held_out = bool(cfg.dataset.get("validation_size"))
-        pools = make_pools(data, pate.public_size, held_out(cfg, pate), evaluate_held_out, cfg.seed)
+        pools = make_pools(data, pate.public_size, held_out(cfg, pate), evaluate_held_out,
+                           teacher_seed(cfg, pate))  # fmt: skip
         from dpsub.pate.run import check_release
 
         check_release(pate, pools.num_classes)
@@ -66,6 +67,7 @@ def _execute(cfg, pate, pools, device, run_dir: Path, resume: bool) -> dict:
     from dpsub.errors import ConfigError
     from dpsub.pate.run import (
         DD_NOTE,
+        RELEASED_NOTE,
         answer_queries,
         claim_run_dir,
         load_or_compute_votes,
@@ -93,8 +95,10 @@ def _execute(cfg, pate, pools, device, run_dir: Path, resume: bool) -> dict:
             summary.update(epsilon_data_dependent_note=DD_NOTE)
             dd = f"data-dependent epsilon {summary['epsilon_data_dependent']:.4f} (NOT a guarantee) | "
         if "release" in summary:
+            summary.update(epsilon_data_dependent_released_note=RELEASED_NOTE)
             dd += (f"released data-dependent epsilon {summary['epsilon_data_dependent_released']:.4f}"
-                   f" (smooth sensitivity at order {summary['release']['order']:g}) | ")  # fmt: skip
+                   f" (smooth sensitivity at order {summary['release']['order']:g}: a noisy "
+                   "estimate, not a guarantee) | ")  # fmt: skip
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info(
             "final: %s accuracy %.2f%% | epsilon %.4f (delta=%s, data-independent RDP) | "

@@ -7,7 +7,7 @@ Ctrl-C), and reports whether the tests caught it. A mutant that survives means t
 suite has a gap. Run it from the repository root after changing a privacy-relevant
 part of the code::
 
-    uv run python scripts/mutation_check.py            # every mutant (152; 100 of them took 50 min at nice 19 beside a 2-thread lane, 2 cores)
+    uv run python scripts/mutation_check.py            # every mutant (156; 100 of them took 50 min at nice 19 beside a 2-thread lane, 2 cores)
     uv run python scripts/mutation_check.py --list     # what each mutant breaks
     uv run python scripts/mutation_check.py -k noise   # mutants whose name contains 'noise'
 
@@ -998,6 +998,34 @@ MUTANTS = (
         "**({} if run.secure else {",
         "**({} if False else {",
         ("tests/integration/test_coverage.py", "-k", "stream_that_counts"),
+    ),
+    Mutant(
+        "pate-votes-named-by-their-settings-only",
+        "src/dpsub/pate/run.py",
+        '    return hashlib.sha256(f"{votes_key(cfg, pate)}:{data}".encode()).hexdigest()[:24]',
+        "    return votes_key(cfg, pate)",
+        ("tests/integration/test_pate_run.py", "-k", "named_by"),
+    ),
+    Mutant(
+        "pate-held-out-drawn-with-the-runs-seed",
+        "src/dpsub/cli/pate.py",
+        "                           teacher_seed(cfg, pate))  # fmt: skip",
+        "                           cfg.seed)  # fmt: skip",
+        ("tests/integration/test_pate_run.py", "-k", "shared_teacher_seed"),
+    ),
+    Mutant(
+        "pate-private-curve-read-whatever-its-count",
+        "src/dpsub/pate/run.py",
+        '        if curve.get("next", queries) == queries and "rdp_data_dependent" in curve:',
+        '        if "rdp_data_dependent" in curve:',
+        ("tests/integration/test_pate_run.py", "-k", "kill_between"),
+    ),
+    Mutant(
+        "private-files-left-to-the-umask",
+        "src/dpsub/rundir.py",
+        "    os.chmod(path, 0o600)\n",
+        "",
+        ("tests/integration/test_pate_run.py", "-k", "owners_alone"),
     ),
     Mutant(
         "pate-data-dependent-curve-in-the-public-state",

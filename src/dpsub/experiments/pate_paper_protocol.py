@@ -62,13 +62,15 @@ def _votes(cfg, pate, memo: dict):
     """The teachers' votes from ``pate.votes_cache`` (read once per process: ``memo``);
     teachers trained once if absent."""
     from dpsub.pate.pool import make_pools
-    from dpsub.pate.run import load_or_compute_votes, votes_key
+    from dpsub.pate.run import load_or_compute_votes, teacher_seed, votes_key
     from dpsub.training.build import load_data, pick_device
 
     key = votes_key(cfg, pate)
     if key not in memo:
         data = load_data(cfg)
-        pools = make_pools(data, pate.public_size, cfg.dataset.validation_size, True, cfg.seed)
+        pools = make_pools(
+            data, pate.public_size, cfg.dataset.validation_size, True, teacher_seed(cfg, pate)
+        )
         with tempfile.TemporaryDirectory() as tmp:
             memo[key] = load_or_compute_votes(
                 cfg, pate, pools, pick_device(str(cfg.device)), Path(tmp)

@@ -26,7 +26,8 @@ from dpsub.errors import ConfigError
 from dpsub.pate.accounting import ORDERS, PateLedger
 from dpsub.pate.aggregators import build_aggregator
 from dpsub.pate.smooth import gnss_rdp
-from dpsub.pate.votes import hash_partition, histograms, partition
+from dpsub.pate.votes import hash_partition, histograms, partition, save_private
+from dpsub.rundir import owner_only, private_folder
 
 log = logging.getLogger("dpsub")
 STATE = "pate_state.json"
@@ -37,6 +38,11 @@ DD_NOTE = (
     "NOT a guarantee: computed from the private votes and reported without noise; the run's "
     "epsilon is the data-independent one (pate.release=smooth_sensitivity releases it with "
     "noise instead, Papernot et al. 2018)"
+)
+
+RELEASED_NOTE = (
+    "a noisy estimate, not a guarantee: the data-dependent epsilon released with smooth-"
+    "sensitivity noise (its cost is in both epsilons); the run's guarantee is `epsilon`"
 )
 
 
@@ -109,21 +115,40 @@ def _save_state(run_dir: Path, state: dict) -> None:
     _save_json(run_dir / STATE, state)
 
 
-def _save_json(path: Path, value: dict) -> None:
-    path.parent.mkdir(exist_ok=True)
+def _save_json(path: Path, value: dict, private: bool = False) -> None:
+    private_folder(path.parent) if private else path.parent.mkdir(exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         json.dump(value, f)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    os.replace(owner_only(tmp) if private else tmp, path)
 
 
-def _private_curve(run_dir: Path) -> dict:
-    """The data-dependent RDP curve, kept under ``private/`` (un-noised: a function of the
-    votes); a state written before it moved there holds it itself."""
+def _save_curve(run_dir: Path, queries: int, curve) -> None:
+    """The data-dependent RDP curve after ``queries`` queries, under ``private/`` (un-noised:
+    a function of the votes), written before the state: the one before it is kept too, for
+    a kill between the two writes (the state on disk then still says the earlier count)."""
     path = run_dir / DATA_DEPENDENT
-    return json.loads(path.read_text()) if path.is_file() else {}
+    before = json.loads(path.read_text()) if path.is_file() else {}
+    before.pop("before", None)
+    _save_json(path, {"next": queries, "rdp_data_dependent": curve, "before": before}, True)
+
+
+def _private_curve(run_dir: Path, queries: int) -> dict:
+    """The data-dependent RDP curve saved with the state at ``queries`` queries; a state
+    written before it moved to ``private/`` holds it itself (ResumeError when neither of
+    the two saved curves belongs to the state)."""
+    from dpsub.errors import ResumeError
+
+    path = run_dir / DATA_DEPENDENT
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    for curve in (saved, saved.get("before", {})):
+        if curve.get("next", queries) == queries and "rdp_data_dependent" in curve:
+            return {"rdp_data_dependent": curve["rdp_data_dependent"]}
+    if not saved:
+        return {}
+    raise ResumeError(f"resume: {path} does not belong to {run_dir / STATE} ({queries} queries)")
 
 
 def compute_votes(cfg, pate, pools, device, save_dir: Path | None = None) -> np.ndarray:
@@ -152,19 +177,13 @@ def partition_kind(pate) -> str:
 
 
 def teacher_partition(pate, x, y, seed: int) -> np.ndarray:
-    """Each training example's teacher (:mod:`dpsub.pate.votes`); ConfigError when a teacher
-    of the hash partition got no example (too many teachers for the data)."""
+    """Each training example's teacher (:mod:`dpsub.pate.votes`). A teacher of the hash
+    partition may get no example: it votes untrained (:mod:`dpsub.pate.teachers`); neither
+    that nor the teachers' sizes is logged (counts of the private examples' hashes)."""
     if partition_kind(pate) == "permutation":
         return partition(len(y), pate.teachers, seed)
-    teacher_of = hash_partition(x.cpu().numpy(), y.cpu().numpy(), pate.teachers, seed)
-    sizes = np.bincount(teacher_of, minlength=pate.teachers)
-    if sizes.min() == 0:
-        raise ConfigError(
-            f"pate.teachers: a teacher of the {pate.teachers} got no example of the {len(y)} "
-            "(hash partition): use fewer teachers"
-        )
     log.info("pate: hash partition of %d examples into %d teachers", len(y), pate.teachers)
-    return teacher_of  # (their sizes are not logged: counts of the private examples' hashes)
+    return hash_partition(x.cpu().numpy(), y.cpu().numpy(), pate.teachers, seed)
 
 
 def teacher_seed(cfg, pate) -> int:
@@ -177,7 +196,9 @@ def teacher_seed(cfg, pate) -> int:
 def held_out(cfg, pate) -> int | None:
     """Training examples kept from the teachers: ``dataset.validation_size`` (a tuning run,
     evaluated on them) or ``pate.holdout`` (kept out, unused: the teachers of a final run
-    then equal those of its tuning runs). ConfigError when both are set and differ."""
+    then equal those of its tuning runs). They are drawn with :func:`teacher_seed`, so runs
+    that share ``pate.teacher_seed`` share their teachers, from the cache or trained again.
+    ConfigError when both are set and differ."""
     val, hold = cfg.dataset.get("validation_size"), pate.get("holdout")
     if val and hold and val != hold:
         raise ConfigError(f"pate.holdout: must equal dataset.validation_size ({val}), got {hold}")
@@ -193,37 +214,50 @@ def votes_key(cfg, pate) -> str:
     dataset["validation_size"] = held_out(cfg, pate)  # the teachers' data, however held out
     keys = {
         "dataset": dataset, "model": cfg.model, "seed": teacher_seed(cfg, pate),
-        "teachers": pate.teachers,
+        "teachers": pate.teachers, "features": cfg.get("features"),
         "teacher": pate.teacher, "public_size": pate.public_size,
     }  # fmt: skip
-    if partition_kind(pate) != "permutation":  # (the key of runs made before it is unchanged)
+    if partition_kind(pate) != "permutation":
         keys["partition"] = partition_kind(pate)
     text = json.dumps(OmegaConf.to_container(OmegaConf.create(keys)), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def votes_name(cfg, pate, pools, folder: Path) -> str:
+    """The name of the votes (or of their chunks) in ``folder``: :func:`votes_key` and a
+    hash of the teachers' training data keyed by ``folder``'s own secret key, so that votes
+    are never read for other data (another ``data.root``, another held-out draw) and the
+    name tells nothing about the data to whoever lacks the key."""
+    import hashlib
+
+    from dpsub.features.cache import fingerprint, secret_key
+
+    key = secret_key(folder)
+    data = fingerprint(pools.train_x, key) + fingerprint(pools.train_y, key)
+    return hashlib.sha256(f"{votes_key(cfg, pate)}:{data}".encode()).hexdigest()[:24]
+
+
 def load_or_compute_votes(cfg, pate, pools, device, run_dir: Path) -> np.ndarray:
-    """The run's own votes if saved (resume), else the cache's, else trained teachers'."""
+    """The run's own votes if saved (resume), else the cache's, else trained teachers'
+    (their chunks saved under a name of the settings and data: a run killed while its
+    teachers train and resumed under an edited config never mixes two partitions)."""
     path = run_dir / VOTES
-    cache = (
-        Path(pate.votes_cache) / f"{votes_key(cfg, pate)}.npy" if pate.get("votes_cache") else None
-    )
     if path.is_file():
         return np.load(path)
+    folder = private_folder(Path(pate.votes_cache)) if pate.get("votes_cache") else None
+    cache = folder / f"{votes_name(cfg, pate, pools, folder)}.npy" if folder else None
     if cache is not None and cache.is_file():
         votes = np.load(cache)
-        log.info("pate: teachers' votes read from the cache %s (not retrained)", cache)
+        log.info("pate: teachers' votes read from the cache (not retrained)")
     else:
-        chunks = cache.with_suffix(".chunks") if cache is not None else None
+        own = private_folder(run_dir / VOTES.parent)
+        chunks = own / f"teachers-{votes_name(cfg, pate, pools, own)}"
         votes = compute_votes(
-            cfg, pate, pools, device, chunks or run_dir / VOTES.parent / "teachers"
+            cfg, pate, pools, device, cache.with_suffix(".chunks") if cache else chunks
         )
         if cache is not None:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            np.save(cache.with_suffix(".tmp.npy"), votes)
-            os.replace(cache.with_suffix(".tmp.npy"), cache)
-    path.parent.mkdir(exist_ok=True)
-    np.save(path, votes)
+            save_private(cache, votes)
+    save_private(private_folder(path.parent) / path.name, votes)
     return votes
 
 
@@ -237,16 +271,15 @@ def answer_queries(cfg, pate, votes: np.ndarray, num_classes: int, run_dir: Path
     ledger = PateLedger(cfg.privacy.delta, cfg.privacy.epsilon, rdp_reserved=reserved(pate))
     if (run_dir / STATE).is_file():
         state = json.loads((run_dir / STATE).read_text())
-        ledger = PateLedger.from_state_dict({**state["ledger"], **_private_curve(run_dir)})
+        curve = _private_curve(run_dir, state["next"])
+        ledger = PateLedger.from_state_dict({**state["ledger"], **curve})
         rng.bit_generator.state = state["rng"]
         log.info("pate: resumed at query %d (%d answered)", state["next"], len(state["labels"]))
     last = min(len(hist), pate.max_queries or len(hist))
 
     def save(done: bool) -> None:
         public = ledger.state_dict()  # its data-dependent curve: a function of the votes
-        _save_json(
-            run_dir / DATA_DEPENDENT, {"rdp_data_dependent": public.pop("rdp_data_dependent")}
-        )
+        _save_curve(run_dir, state["next"], public.pop("rdp_data_dependent"))
         state.update(done=done, ledger=public, rng=rng.bit_generator.state,
                      config=run_config(cfg, pate))  # fmt: skip
         _save_state(run_dir, state)

@@ -40,9 +40,12 @@ def _batches(parts, opts: TeacherOptions, gens, device):
     """Per step, a (chunk, B) index tensor (each teacher's own examples, its own order) and
     which teachers take that step: an epoch of a teacher is ``ceil(own size / B)`` steps,
     whatever its neighbours' sizes (so removing another teacher's example changes nothing
-    of it); the chunk runs as many steps as its largest teacher, the others sit out."""
+    of it); the chunk runs as many steps as its largest teacher, the others sit out. A
+    teacher the hash partition gave no example never steps: it votes with its initial
+    weights (refusing the run instead would say, without noise, whether one was empty)."""
     own = torch.tensor([math.ceil(len(p) / opts.batch_size) for p in parts])
     orders = [p[torch.randperm(len(p), generator=g)] for p, g in zip(parts, gens, strict=True)]
+    orders = [o if len(o) else torch.zeros(1, dtype=torch.long) for o in orders]  # (sits out)
     for s in range(int(own.max())):
         pos = torch.arange(s * opts.batch_size, (s + 1) * opts.batch_size)
         yield torch.stack([o[pos % len(o)] for o in orders]).to(device), (own > s).to(device)
@@ -137,11 +140,12 @@ def teacher_votes(
     kill; a process claims a chunk before training it (``chunk<first>.claim``), so several
     processes given the same ``save_dir`` (``pate.votes_cache``) share the chunks.
     """
-    from dpsub.pate.votes import members
+    from dpsub.pate.votes import members, save_private
+    from dpsub.rundir import private_folder
 
     parts = [torch.as_tensor(m) for m in members(teacher_of, n_teachers)]
     if save_dir is not None:
-        save_dir.mkdir(parents=True, exist_ok=True)
+        private_folder(save_dir)
     preds, later = {}, []
     for first in range(0, n_teachers, opts.chunk):
         chunk = parts[first : first + opts.chunk]
@@ -157,8 +161,7 @@ def teacher_votes(
         per = max(16, batch_size // len(chunk))
         preds[first] = predict_chunk(base, params, buffers, queries, per).astype(np.int16)
         if saved is not None:
-            np.save(saved.with_suffix(".tmp.npy"), preds[first])
-            saved.with_suffix(".tmp.npy").replace(saved)
+            save_private(saved, preds[first])
         log.info("teachers: %d / %d trained", first + len(chunk), n_teachers)
     for first in later:
         preds[first] = _wait_for(
@@ -169,5 +172,5 @@ def teacher_votes(
             base, params, buffers = train_chunk(make_model, x, y, chunk, first, seed, opts)
             per = max(16, batch_size // len(chunk))
             preds[first] = predict_chunk(base, params, buffers, queries, per).astype(np.int16)
-            np.save(save_dir / f"chunk{first}.npy", preds[first])
+            save_private(save_dir / f"chunk{first}.npy", preds[first])
     return np.concatenate([preds[k] for k in sorted(preds)]).astype(np.int16)

@@ -26,8 +26,12 @@ The aggregators' noise is calibrated to exactly that.
 from __future__ import annotations
 
 import hashlib
+import os
+from pathlib import Path
 
 import numpy as np
+
+from dpsub.rundir import owner_only
 
 PARTITIONS = ("hash", "permutation")
 #: the neighbour relation each partition's epsilon is stated for (summary.json "neighbours")
@@ -84,3 +88,11 @@ def histograms(predictions: np.ndarray, num_classes: int) -> np.ndarray:
     flat = preds + num_classes * np.arange(n_queries)[None, :]
     counts = np.bincount(flat.ravel(), minlength=n_queries * num_classes)
     return counts.reshape(n_queries, num_classes)
+
+
+def save_private(path: Path, array: np.ndarray) -> None:
+    """``array`` to ``path`` (.npy) atomically, readable by its owner only (votes are
+    computed from the private data without noise); the temporary name is this process's."""
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
+    np.save(tmp, array)
+    owner_only(tmp).replace(path)
