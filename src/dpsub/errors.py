@@ -7,7 +7,8 @@ The command line maps each to one line on stderr and an exit code:
 * :class:`DataError` (exit 2): a dataset or auxiliary file is missing or unreadable;
   the message names the file.
 * :class:`PrivacyError` (exit 3): a step would release less noise than the privacy plan
-  says (a bug in a mechanism); nothing of that step reaches the optimizer.
+  says (a bug in a mechanism), or a release that is not finite; nothing of that step
+  reaches the optimizer.
 """
 
 from __future__ import annotations

@@ -95,11 +95,15 @@ def blobs(n=600, d=10, k=3, seed=0):
 
 
 def session(**kw):
+    return session_on(blobs(), **kw)
+
+
+def session_on(data, **kw):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.3)
     args = {"batch_size": 60, "epsilon": 2.0, "steps": 6, **kw}
-    return model, opt, dpsub.make_private(model, opt, blobs(), **args)
+    return model, opt, dpsub.make_private(model, opt, data, **args)
 
 
 def test_step_releases_charge_and_refuse_beyond_the_plan():
@@ -369,6 +373,34 @@ def _saved(state):
 def test_bad_arguments_name_themselves(kw, match):
     with pytest.raises(ValueError, match=match):
         session(**kw)
+
+
+def test_data_and_anchors_that_are_not_finite_are_refused():
+    """x is checked in the model's dtype (1e300 in float64 is inf in float32), and the
+    public anchors are checked too (review 2026-11-29)."""
+    x, y = blobs()
+    with pytest.raises(ValueError, match="data: x holds NaN or inf"):
+        session_on((x.double().index_fill(0, torch.tensor([3]), 1e300), y))
+    with pytest.raises(ValueError, match="aux: the public images hold NaN or inf"):
+        session(mechanism="gep", aux=torch.full((8, 10), float("nan")))
+
+
+def test_a_release_that_is_not_finite_stops_charged_and_unapplied():
+    """One finite public anchor of 1e20 overflowed GEP's float32 power iteration: the basis,
+    then the release and the weights became NaN while every step was charged, silently.
+    Now the step stops with a PrivacyError, charged, and the weights are untouched."""
+    aux = torch.randn(8, 10)
+    aux[0] = 1e20
+    model, _, private = session(mechanism="gep", options={"num_bases": 4}, aux=aux)
+    tried = 0
+    with pytest.raises(dpsub.errors.PrivacyError, match="not finite"):
+        for tried in range(1, 4):  # noqa: B007 -- read after the loop
+            before = [p.detach().clone() for p in model.parameters()]
+            private.step()
+    params = list(model.parameters())
+    assert all(torch.equal(a, b.detach()) for a, b in zip(before, params, strict=True))
+    assert all(torch.isfinite(p).all() for p in params)
+    assert private.ledger.steps == tried  # the failed release is charged too
 
 
 def test_a_dataloader_is_refused_with_what_to_pass_instead():

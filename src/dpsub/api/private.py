@@ -364,9 +364,9 @@ def _tensors(data: Data, device: torch.device, dtype: torch.dtype) -> tuple[Tens
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise ValueError(f"data: x and y must hold the same N > 0 examples, got {x.shape[0]}, "
                          f"{y.shape[0]}")  # fmt: skip
-    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
-        raise ValueError("data: x holds NaN or inf")
     x, y = (t.to(device, dtype) if t.is_floating_point() else t.to(device) for t in (x, y))
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):  # (after the cast)
+        raise ValueError("data: x holds NaN or inf (in the model's dtype)")
     return x, y
 
 
@@ -433,10 +433,12 @@ def _aux(aux, num_classes: int, device) -> AuxData | None:
     """The caller's public anchors as :class:`AuxData` on ``device``."""
     if aux is None or isinstance(aux, AuxData):
         return None if aux is None else aux.to(device)
-    if isinstance(aux, tuple):
-        ax, ay = aux
-        return AuxData(torch.as_tensor(ax).float().to(device), torch.as_tensor(ay).to(device),
-                       num_classes, "user", labels="true")  # fmt: skip
-    if not isinstance(aux, Tensor):
+    if not isinstance(aux, tuple | Tensor):
         raise ValueError("aux: give public images, (images, labels) or an AuxData")
-    return AuxData(aux.float().to(device), None, num_classes, "user")
+    ax, ay = aux if isinstance(aux, tuple) else (aux, None)
+    ax = torch.as_tensor(ax).float().to(device)
+    if not bool(torch.isfinite(ax).all()):
+        raise ValueError("aux: the public images hold NaN or inf (in float32)")
+    if ay is None:
+        return AuxData(ax, None, num_classes, "user")
+    return AuxData(ax, torch.as_tensor(ay).to(device), num_classes, "user", labels="true")

@@ -29,7 +29,7 @@ from dpsub.data import DatasetBundle, load_dataset
 from dpsub.data.augment import build_augmult
 from dpsub.data.aux import AuxData, build_aux
 from dpsub.data.validation import carve_validation
-from dpsub.errors import ConfigError
+from dpsub.errors import ConfigError, PrivacyError
 from dpsub.grads import GradEngine, auto_microbatch, check_private_model
 from dpsub.mechanisms import Mechanism, StepContext, StepResult, build_mechanism
 from dpsub.models import build_model, count_parameters
@@ -378,6 +378,12 @@ def release(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = False
     if run.dist.active:  # every rank applies exactly rank 0's update
         res.grad = run.dist.broadcast(res.grad.contiguous())
         _reduce_stats(run, res)
+    if acct.private and not bool(torch.isfinite(res.grad).all()):
+        raise PrivacyError(
+            f"mechanism {run.mechanism.name}, step {run.step}: the released gradient is not "
+            "finite (charged, not applied): NaN hides the noise. Private rows are cleaned, "
+            "so look at the public side: the auxiliary (anchor) data, the model's weights"
+        )
     run.engine.set_grad(res.grad)
     run.step += 1
     return StepOutcome(res, charged, noise.effective_multiplier())
