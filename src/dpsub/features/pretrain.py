@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -141,7 +142,7 @@ def load_or_train(opts: dict, root: Path, download: bool = False) -> tuple[nn.Mo
         net = SmallResNet(width)
         _train(net, x.contiguous(), y, epochs, seed)
         weights.parent.mkdir(parents=True, exist_ok=True)
-        tmp = weights.with_suffix(".tmp")
+        tmp = weights.with_suffix(f".{os.getpid()}.tmp")  # (two runs may train it at once)
         torch.save(net.state_dict(), tmp)
         tmp.replace(weights)
     net.eval()
