@@ -50,8 +50,8 @@ __all__ = [
     "git_commit",
     "hardware",
     "not_covered_statistics",
-    "owner_only",
     "owner_only_tmp",
+    "private_file",
     "private_folder",
     "provenance",
 ]
@@ -112,27 +112,31 @@ def not_covered_statistics(summary: dict) -> dict[str, str]:
     return out
 
 
-def private_folder(path: Path) -> Path:
+def private_folder(path: Path, ours: bool = False) -> Path:
     """``path`` made if missing (its parents too) with only its owner allowed in: it holds
     values computed from the private data without noise (a cache, PATE's votes). A folder
-    that exists already keeps its mode (it may be the user's own, shared, folder)."""
+    that exists keeps its mode unless ``ours`` (a name dpsub gives, e.g. ``private/``: one
+    made by an older version is closed too); a folder the user named may be shared."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if ours:
+        os.chmod(path, 0o700)
     return path
 
 
-def owner_only(path: Path) -> Path:
-    """``path`` (a file just written, before it is renamed into place) readable by its
-    owner only."""
-    os.chmod(path, 0o600)
-    return path
+def private_file(path: Path, text: bool = False):
+    """``path`` opened for writing (created or truncated), readable by its owner only from
+    the moment it exists: no other user can open it while the private bytes go in."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    if hasattr(os, "fchmod"):  # (a file left by a crash keeps its mode through O_CREAT)
+        os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "w" if text else "wb")
 
 
 def owner_only_tmp(path: Path, data: bytes) -> Path:
     """``data`` written to a new file beside ``path`` that only its owner can read (a
     secret key before it is linked or moved into place); returns that file."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
+    with private_file(tmp) as f:
         f.write(data)
     return tmp
 

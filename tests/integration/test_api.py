@@ -381,8 +381,13 @@ def test_data_and_anchors_that_are_not_finite_are_refused():
     x, y = blobs()
     with pytest.raises(ValueError, match="data: x holds NaN or inf"):
         session_on((x.double().index_fill(0, torch.tensor([3]), 1e300), y))
+    nan = torch.full((8, 10), float("nan"))
     with pytest.raises(ValueError, match="aux: the public images hold NaN or inf"):
-        session(mechanism="gep", aux=torch.full((8, 10), float("nan")))
+        session(mechanism="gep", aux=nan)
+    from dpsub.data.aux import AuxData
+
+    with pytest.raises(ValueError, match="aux: the public images hold NaN or inf"):
+        session(mechanism="gep", aux=AuxData(nan, None, 3, "user"))
 
 
 def test_a_release_that_is_not_finite_stops_charged_and_unapplied():

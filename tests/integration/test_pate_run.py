@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -331,6 +332,11 @@ def test_votes_are_named_by_their_settings_and_data_under_the_folders_key(tmp_pa
     for over in ("pate.teachers=12", "features=scatternet", "seed=1"):
         other, opts = pate_run.split(_cfg(over))
         assert name != pate_run.votes_name(other, opts, _pools(), tmp_path), over
+    queries = dataclasses.replace(_pools(), public_x=_pools().public_x + 1.0)  # other queries
+    assert name != pate_run.votes_name(cfg, pate, queries, tmp_path)
+    lite, opts = pate_run.split(_cfg("features=scatternet"))
+    moved, opts2 = pate_run.split(_cfg("features=scatternet", "features.cache_dir=/elsewhere"))
+    assert pate_run.votes_key(lite, opts) == pate_run.votes_key(moved, opts2)  # where, not which
     other, opts = pate_run.split(_cfg("pate.sigma2=5.0", "privacy.epsilon=9"))
     assert name == pate_run.votes_name(other, opts, _pools(), tmp_path)  # shared across budgets
     assert name != pate_run.votes_name(cfg, pate, _pools(), tmp_path / "elsewhere")  # own key
@@ -355,9 +361,14 @@ def test_a_kill_between_the_curve_and_the_state_resumes_the_states_curve(tmp_pat
     """The private curve is written before the state: after a kill between the two, the
     state on disk still says the earlier count, and the curve read back is the one saved
     with it (it was read as the later one: the data-dependent epsilon counted queries twice)."""
+    state = tmp_path / pate_run.STATE
     pate_run._save_curve(tmp_path, 10, [1.0, 2.0])
+    state.write_text(json.dumps({"next": 10}))
     pate_run._save_curve(tmp_path, 15, [1.5, 3.0])  # killed before the state said 15
     assert pate_run._private_curve(tmp_path, 10) == {"rdp_data_dependent": [1.0, 2.0]}
+    pate_run._save_curve(tmp_path, 15, [1.5, 3.0])  # the replay, killed at the same place
+    assert pate_run._private_curve(tmp_path, 10) == {"rdp_data_dependent": [1.0, 2.0]}
+    state.write_text(json.dumps({"next": 15}))
     assert pate_run._private_curve(tmp_path, 15) == {"rdp_data_dependent": [1.5, 3.0]}
     with pytest.raises(pate_run.ConfigError, match="does not belong"):
         pate_run._private_curve(tmp_path, 5)
@@ -405,3 +416,11 @@ def test_private_files_are_the_owners_alone(tmp_path):
         assert f.stat().st_mode & 0o077 == 0, f
     for d in folders:
         assert d.stat().st_mode & 0o077 == 0, d
+    from dpsub.rundir import private_file
+
+    left = tmp_path / "left.tmp"  # a temporary file a crash left, readable by all
+    left.write_bytes(b"old")
+    left.chmod(0o644)
+    with private_file(left) as f:  # owner-only before the first private byte goes in
+        assert left.stat().st_mode & 0o077 == 0
+        f.write(b"votes")

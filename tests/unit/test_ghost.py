@@ -330,10 +330,10 @@ def test_infinite_loss_is_dropped():
 class TwoPositions(nn.Module):
     """One Linear at T = 2 positions; the logits are the difference of its two outputs."""
 
-    def __init__(self):
+    def __init__(self, d: int = 16):
         super().__init__()
         torch.manual_seed(1)
-        self.fc = nn.Linear(16, 16, bias=False)
+        self.fc = nn.Linear(d, d, bias=False)
         nn.init.normal_(self.fc.weight, std=0.1)
 
     def forward(self, x):
@@ -341,16 +341,87 @@ class TwoPositions(nn.Module):
         return h[:, 0] - h[:, 1]
 
 
+@pytest.mark.parametrize("big", [1e10, 2.0**30])
 @pytest.mark.parametrize("strategy", ["ghost", "materialize"])
-def test_cancelling_positions_cannot_pass_unclipped(strategy):
+def test_cancelling_positions_cannot_pass_unclipped(strategy, big):
     """Two positions equal up to one float32 step of 1e10: the float32 ghost norm cancels
-    to 0 (clip factor 1) while the book-keeping sum is ~1,800 C: the sum must stay <= C."""
-    x = torch.full((1, 2, 16), 1e10)
+    to 0 (clip factor 1) while the book-keeping sum is ~1,800 C: the sum must stay <= C.
+    At 2^30 the float32 Gram's error also exceeds the float64 one's margin."""
+    x = torch.full((1, 2, 16), big)
     x[0, 0, 15] += 1024.0
     x[0, 0, 14] -= 1024.0
     y = torch.tensor([3])
     res = GhostClipper(TwoPositions(), strategy=strategy, keep_bytes=0).clipped_sum(x, y, 1.0)
     assert torch.isfinite(res.grad_sum).all()
+    assert float(res.grad_sum.norm()) <= 1.0 + 1e-5
+
+
+def test_the_rounding_bound_covers_the_materialized_rows():
+    """A materialized norm at T > 1 positions grows by the rows' worst rounding error
+    (``gamma * reach``): a computed norm of 0 with terms of total size R still clips as if
+    the example's part were ``gamma R`` (float32: (T + 8) 2^-24 R; TF32 inputs: + 2^-10 R)."""
+    like, reach = torch.zeros(1), torch.tensor([1e6], dtype=torch.float64)
+    got = ghost._bounded(torch.zeros(1), reach, 64, 0.0, like).sqrt()
+    assert float(got) >= 72 * 2.0**-24 * 1e6 * (1 - 1e-6)
+    tf32 = ghost._bounded(torch.zeros(1), reach, 64, 2.0**-11, like).sqrt()
+    assert float(tf32) >= 2.0**-10 * 1e6
+    assert torch.equal(
+        ghost._bounded(torch.full((1,), 3.0), None, 1, 0.0, like), torch.full((1,), 3.0)
+    )
+
+
+class Positions(nn.Module):
+    """A Linear at T positions, summed: example i's loss is its first output (B_i[t] = e_0)."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.fc = nn.Linear(d, 1, bias=False)
+
+    def forward(self, x):
+        return self.fc(x).sum(1)
+
+
+@pytest.mark.parametrize(("strategy", "T"), [("ghost", 256), ("materialize", 4096)])
+def test_an_example_cannot_ride_the_rounding_of_the_others_sum(strategy, T):
+    """254 examples put ~C each into one weight entry; the crafted one's T - 1 tiny terms
+    are each just above half a float32 unit of that sum, so in a float32 book-keeping GEMM
+    every one rounded up a whole unit: its part of the sum exceeded C (1.49 C at T = 65,536;
+    review 2026-11-29). The sum at T > 1 is made in float64."""
+    others = torch.zeros(254, T, 8)
+    others[:, 0, 0] = 1.0
+    v = 2.0**-17 * (1 + 2**-8)
+    x = torch.zeros(1, T, 8)
+    x[0, 0, 0], x[0, 1:, 0] = 1 / (1 + 2 * (T + 8) * 2.0**-24) - (T - 1) * v - 1e-6, v
+    y = torch.zeros(255, dtype=torch.long)
+    clip = GhostClipper(Positions(), strategy=strategy, keep_bytes=0,
+                        loss_fn=lambda out, y: out[:, 0])  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # (a float32 GEMM then adds in sequence: the attack's order)
+    try:
+        with_x = clip.clipped_sum(torch.cat([others, x]), y, 1.0).grad_sum.double()
+        without = clip.clipped_sum(others, y[:-1], 1.0).grad_sum.double()
+    finally:
+        torch.set_num_threads(threads)
+    assert float((with_x - without).norm()) <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("precision", ["high", "medium"])
+@pytest.mark.parametrize("strategy", ["ghost", "materialize"])
+def test_reduced_precision_matmuls_cannot_pass_an_example_unclipped(precision, strategy):
+    """``torch.set_float32_matmul_precision("medium")`` on a CPU with bf16 units rounds a
+    float32 GEMM's inputs to bf16: two positions straddling a bf16 rounding boundary gave
+    a norm of 0.18 and a sum of 668 C (review). The bound counts the inputs' rounding."""
+    x = torch.full((1, 2, 64), 9984.0 + 32)
+    x[0, 0] += 2.0**-9
+    x[0, 1] -= 2.0**-9
+    x = torch.cat([x, torch.zeros(31, 2, 64)])
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        clip = GhostClipper(TwoPositions(64), strategy=strategy, keep_bytes=0)
+        res = clip.clipped_sum(x, torch.full((32,), 3), 1.0)
+    finally:
+        torch.set_float32_matmul_precision(old)
     assert float(res.grad_sum.norm()) <= 1.0 + 1e-5
 
 

@@ -431,14 +431,17 @@ def _classes(model: nn.Module, x: Tensor, y: Tensor, given: int | None) -> int:
 
 def _aux(aux, num_classes: int, device) -> AuxData | None:
     """The caller's public anchors as :class:`AuxData` on ``device``."""
-    if aux is None or isinstance(aux, AuxData):
-        return None if aux is None else aux.to(device)
-    if not isinstance(aux, tuple | Tensor):
+    if aux is None:
+        return None
+    if isinstance(aux, AuxData):
+        out = aux.to(device)
+    elif isinstance(aux, tuple | Tensor):
+        ax, ay = aux if isinstance(aux, tuple) else (aux, None)
+        ax = torch.as_tensor(ax).float().to(device)
+        ay = None if ay is None else torch.as_tensor(ay).to(device)
+        out = AuxData(ax, ay, num_classes, "user", **({} if ay is None else {"labels": "true"}))
+    else:
         raise ValueError("aux: give public images, (images, labels) or an AuxData")
-    ax, ay = aux if isinstance(aux, tuple) else (aux, None)
-    ax = torch.as_tensor(ax).float().to(device)
-    if not bool(torch.isfinite(ax).all()):
+    if out.x.is_floating_point() and not bool(torch.isfinite(out.x).all()):
         raise ValueError("aux: the public images hold NaN or inf (in float32)")
-    if ay is None:
-        return AuxData(ax, None, num_classes, "user")
-    return AuxData(ax, torch.as_tensor(ay).to(device), num_classes, "user", labels="true")
+    return out

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from dpsub.rundir import owner_only, owner_only_tmp, private_folder
+from dpsub.rundir import owner_only_tmp, private_file, private_folder
 
 log = logging.getLogger("dpsub.features")
 
@@ -45,7 +45,7 @@ def cache_key(ident: dict, x: torch.Tensor, image_size=None, key: bytes = b"") -
 def secret_key(folder: Path) -> bytes:
     """The cache folder's own random key (``.key``, readable by its owner only), made once."""
     path = folder / ".key"
-    private_folder(folder)
+    private_folder(folder, ours=True)
     if not path.is_file():
         tmp = owner_only_tmp(path, os.urandom(32))
         try:
@@ -146,7 +146,9 @@ def finished_parts(parts: Path) -> list[torch.Tensor]:
 
 
 def _save(t: torch.Tensor, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """``t`` to ``path`` atomically, owner-only (features of the private images, unnoised)."""
+    private_folder(path.parent)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    torch.save(t, tmp)
-    owner_only(tmp).replace(path)  # (features of the private images, before any noise)
+    with private_file(tmp) as f:
+        torch.save(t, f)
+    tmp.replace(path)

@@ -48,9 +48,10 @@ activations must not be modified in place afterwards. Examples whose loss or gra
 norm is not finite get factor 0 and their rows are zeroed before the book-keeping sums,
 so no NaN/Inf reaches ``grad_sum``; their reported norm is 0 (as in ``clip.clipped_sum``).
 (An infinite loss with a finite gradient, e.g. a true class masked to -inf, is dropped too.)
-At T > 1 positions a norm is an upper bound on the example's part of the sum *as computed*
-(:func:`_bounded`): the terms of ``B_i^T A_i`` may cancel, and a crafted input whose float32
-ghost norm was 0 once added ~1,800 C to the sum.
+At T > 1 positions the terms of ``B_i^T A_i`` may cancel (a crafted input whose float32
+ghost norm was 0 once added ~1,800 C to the sum): there the ghost norm is formed in float64,
+the book-keeping sum too (:func:`_book`), and a materialized norm gets the rounding bound of
+the rows it came from (:func:`_bounded`).
 
 Assumptions, as for any hook-based per-example method: row i of every layer's output
 depends on example i only (no BatchNorm), every layer output (and a supported layer's
@@ -389,28 +390,42 @@ def _reach(A: Tensor, B: Tensor) -> Tensor:
 
 
 def _bounded(
-    sq: Tensor, reach: Tensor | None, T: int, tf32: bool, like: Tensor, passes: int, gram: int = 0
+    sq: Tensor, reach: Tensor | None, T: int, u_in: float, like: Tensor, gram: int = 0
 ) -> Tensor:
     """An upper bound on the squared norm of example i's part of the book-keeping sum *as
-    computed*, given ``sq``, its squared norm as computed: the float64 ghost norm (off by at
-    most ``gram 2^-53 reach^2``, ``gram = d + out + T^2`` terms) or the norm of the
-    materialized ``B_i^T A_i`` (``gram = 0``).
+    computed* (in float64: :func:`_book`), given ``sq``: the float64 ghost norm (off by at
+    most ``gram 2^-53 reach^2``, ``gram = d + out + T^2`` terms), or, ``gram = 0``, the
+    norm of the materialized ``B_i^T A_i`` in ``like``'s dtype.
 
     At T > 1 positions ``B_i^T A_i = sum_t B_i[t] A_i[t]^T`` can cancel: a crafted input
-    makes the computed norm 0 while the sum the book-keeping GEMM computes from the same
-    terms is ~1,000 C (then its clip factor is 1). Each of the ``passes`` computations of
-    that sum (the materialized rows, the GEMM) is off by at most ``gamma * reach`` with
-    ``gamma = 2 u_in + (T + 8) u`` (u the dtype's unit roundoff; u_in = 2^-11 when a CUDA
-    product rounds its inputs to TF32), the standard bound for a sum of T products that
-    the kernel accumulates in sequence; ``passes * gamma * reach`` is added to the norm.
-    Benign examples pay about ``passes T u reach / norm`` in relative terms (lenet's
-    convolutions: ~7e-5; at T = 1 nothing: no cancellation, one product per entry)."""
+    made the float32 ghost norm 0 while the sum carried ~1,800 C (clip factor 1). The
+    materialized rows differ from the float64 sum by at most ``gamma * reach``, ``gamma =
+    2 u_in + (T + 8) u``: u the dtype's unit roundoff, u_in that of the product's inputs
+    when the matmul rounds them (TF32 2^-11, bf16 2^-9: :func:`_input_rounding`), the
+    standard bound for T products accumulated per example. Benign examples pay about
+    ``T u reach / norm`` in relative terms (lenet's convolutions: ~4e-5); the ghost norm
+    ~1e-12; at T = 1 nothing (no cancellation, one product per entry)."""
     if T == 1:
         return sq
-    u = torch.finfo(like.dtype).eps / 2
-    gamma = 2 * (2.0**-11 if tf32 and like.is_cuda else 0.0) + (T + 8) * u
     exact = sq.double().clamp_min(0) + (gram + 4) * 2.0**-52 * reach.square()
-    return (exact.sqrt() + passes * gamma * reach).square().to(like.dtype)
+    if gram:
+        return exact.to(like.dtype)
+    gamma = 2 * u_in + (T + 8) * torch.finfo(like.dtype).eps / 2
+    return (exact.sqrt() + gamma * reach).square().to(like.dtype)
+
+
+def _input_rounding(like: Tensor, conv: bool) -> float:
+    """The unit roundoff with which a float32 matmul / convolution may round its inputs:
+    TF32 (2^-11) or bf16 (2^-9) under ``torch.set_float32_matmul_precision`` ("high",
+    "medium": also on CPUs with bf16 units) or CUDA's TF32 switches; 0 if it does not."""
+    if like.dtype != torch.float32:
+        return 0.0  # (already rounded to its own dtype: u covers it)
+    precision = torch.get_float32_matmul_precision()
+    u = {"highest": 0.0, "high": 2.0**-11, "medium": 2.0**-9}.get(precision, 2.0**-9)
+    if like.is_cuda:
+        tf32 = torch.backends.cudnn.allow_tf32 if conv else torch.backends.cuda.matmul.allow_tf32
+        u = max(u, 2.0**-11 if tf32 else 0.0)
+    return u
 
 
 def _prefer_ghost(lay: _Layer, chunk: _Chunk, io: list, strategy: str) -> bool:
@@ -435,10 +450,21 @@ def _scaled(t: Tensor, c: Tensor, bad: Tensor | None) -> Tensor:
     return _zero(t, bad) * c.view(-1, *([1] * (t.dim() - 1)))
 
 
-def _book(lay: _Layer, io: list, c: Tensor, bad: Tensor | None) -> Tensor:
+def _book(lay: _Layer, io: list, c: Tensor, bad: Tensor | None, exact: bool = False) -> Tensor:
     """Book-keeping: ``sum_i c_i grad_W(i) = sum_i (c_i B_i)^T A_i``, the ordinary weight
-    gradient of output gradients scaled by the clip factors (summed over the calls)."""
-    return _total(lay.rule.summed(lay, _zero(a, bad), _scaled(g, c, bad)) for a, g in io)
+    gradient of output gradients scaled by the clip factors (summed over the calls).
+
+    ``exact`` (layers at T > 1 positions): in float64, cast back once. In the working dtype
+    an example's T terms are added to an accumulator that already holds the other examples'
+    sum, each addition off by half a unit of *that* sum: a review added 1.49 C through one
+    example so (T = 65,536); a reduced-precision matmul (TF32, bf16) made it 668 C."""
+    if not exact:
+        return _total(lay.rule.summed(lay, _zero(a, bad), _scaled(g, c, bad)) for a, g in io)
+    c64 = c.double()
+    total = _total(
+        lay.rule.summed(lay, _zero(a, bad).double(), _scaled(g.double(), c64, bad)) for a, g in io
+    )
+    return total.to(io[0][1].dtype)
 
 
 # ------------------------------------------------------------ layer rules
@@ -510,9 +536,9 @@ class _MatmulRule(LayerRule):
         A, B = self.patches(lay, a, g)
         return _reach(A, B).view(-1, views).sum(1)
 
-    def tf32(self) -> bool:
-        """Whether CUDA may round this layer's products to TF32."""
-        return torch.backends.cuda.matmul.allow_tf32
+    def input_rounding(self, like: Tensor) -> float:
+        """:func:`_input_rounding` of this layer's products."""
+        return _input_rounding(like, conv=False)
 
     def process(self, lay: _Layer, chunk: _Chunk, strategy: str) -> str:
         io = [(_input(c), c.grads[0]) for c in lay.calls if c.grads[0] is not None]
@@ -530,7 +556,7 @@ class _MatmulRule(LayerRule):
             A, B = (torch.cat(t, 1) if len(io) > 1 else t[0] for t in zip(*pairs, strict=True))
             reach = _reach(A, B) if T > 1 else None
             gram = A.shape[-1] + B.shape[-1] + T * T
-            chunk.sq += _bounded(_ghost_sq(A, B), reach, T, self.tf32(), A, 1, gram)
+            chunk.sq += _bounded(_ghost_sq(A, B), reach, T, 0.0, A, gram)
             choice = "ghost"
         else:
             out, w = None, lay.params["weight"]  # one call whose rows will be kept: they go
@@ -542,9 +568,9 @@ class _MatmulRule(LayerRule):
                 chunk.add(name, G)
                 return "materialize"
             reach = _total(self.reach(lay, a, g, chunk.views) for a, g in io) if T > 1 else None
-            chunk.sq += _bounded(_sq_norms(G), reach, T, self.tf32(), G, passes=2)
+            chunk.sq += _bounded(_sq_norms(G), reach, T, self.input_rounding(G), G)
             choice = "materialize"
-        chunk.later.append((name, functools.partial(_book, lay, io)))
+        chunk.later.append((name, functools.partial(_book, lay, io, exact=T > 1)))
         return choice
 
 
@@ -630,8 +656,8 @@ class Conv2dRule(_MatmulRule):
         nb = g.double().square().sum(1, keepdim=True)
         return (na.clamp_min(0).sqrt() * nb.sqrt()).flatten(1).sum(1).view(-1, views).sum(1)
 
-    def tf32(self):
-        return torch.backends.cudnn.allow_tf32
+    def input_rounding(self, like):
+        return _input_rounding(like, conv=True)
 
 
 @register_rule(nn.GroupNorm, nn.LayerNorm)

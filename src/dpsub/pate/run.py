@@ -27,7 +27,7 @@ from dpsub.pate.accounting import ORDERS, PateLedger
 from dpsub.pate.aggregators import build_aggregator
 from dpsub.pate.smooth import gnss_rdp
 from dpsub.pate.votes import hash_partition, histograms, partition, save_private
-from dpsub.rundir import owner_only, private_folder
+from dpsub.rundir import private_file, private_folder
 
 log = logging.getLogger("dpsub")
 STATE = "pate_state.json"
@@ -116,22 +116,28 @@ def _save_state(run_dir: Path, state: dict) -> None:
 
 
 def _save_json(path: Path, value: dict, private: bool = False) -> None:
-    private_folder(path.parent) if private else path.parent.mkdir(exist_ok=True)
+    private_folder(path.parent, ours=True) if private else path.parent.mkdir(exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    with private_file(tmp, text=True) if private else open(tmp, "w") as f:
         json.dump(value, f)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(owner_only(tmp) if private else tmp, path)
+    os.replace(tmp, path)
 
 
 def _save_curve(run_dir: Path, queries: int, curve) -> None:
     """The data-dependent RDP curve after ``queries`` queries, under ``private/`` (un-noised:
-    a function of the votes), written before the state: the one before it is kept too, for
-    a kill between the two writes (the state on disk then still says the earlier count)."""
-    path = run_dir / DATA_DEPENDENT
-    before = json.loads(path.read_text()) if path.is_file() else {}
-    before.pop("before", None)
+    a function of the votes), written before the state: the curve of the state on disk is
+    kept beside it, for a kill between the two writes (the state then still says its count;
+    the same kill twice at one count keeps it too)."""
+    path, state = run_dir / DATA_DEPENDENT, run_dir / STATE
+    on_disk = json.loads(state.read_text())["next"] if state.is_file() else None
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    before = {}
+    for c in (saved, saved.get("before") or {}):  # (a file from before counts had none)
+        if "rdp_data_dependent" in c and c.get("next", on_disk) == on_disk:
+            before = {"next": on_disk, "rdp_data_dependent": c["rdp_data_dependent"]}
+            break
     _save_json(path, {"next": queries, "rdp_data_dependent": curve, "before": before}, True)
 
 
@@ -212,9 +218,12 @@ def votes_key(cfg, pate) -> str:
 
     dataset = OmegaConf.to_container(cfg.dataset)
     dataset["validation_size"] = held_out(cfg, pate)  # the teachers' data, however held out
+    features = OmegaConf.to_container(cfg.get("features") or OmegaConf.create({}))
+    for where in ("cache_dir", "batch_size"):  # where and how fast, not which features
+        features.pop(where, None)
     keys = {
         "dataset": dataset, "model": cfg.model, "seed": teacher_seed(cfg, pate),
-        "teachers": pate.teachers, "features": cfg.get("features"),
+        "teachers": pate.teachers, "features": features,
         "teacher": pate.teacher, "public_size": pate.public_size,
     }  # fmt: skip
     if partition_kind(pate) != "permutation":
@@ -225,15 +234,16 @@ def votes_key(cfg, pate) -> str:
 
 def votes_name(cfg, pate, pools, folder: Path) -> str:
     """The name of the votes (or of their chunks) in ``folder``: :func:`votes_key` and a
-    hash of the teachers' training data keyed by ``folder``'s own secret key, so that votes
-    are never read for other data (another ``data.root``, another held-out draw) and the
-    name tells nothing about the data to whoever lacks the key."""
+    hash of the teachers' training data and of the public queries, keyed by ``folder``'s
+    own secret key, so that votes are never read for other data (another ``data.root``,
+    another held-out draw, another query pool) and the name tells nothing about the data
+    to whoever lacks the key."""
     import hashlib
 
     from dpsub.features.cache import fingerprint, secret_key
 
     key = secret_key(folder)
-    data = fingerprint(pools.train_x, key) + fingerprint(pools.train_y, key)
+    data = "".join(fingerprint(t, key) for t in (pools.train_x, pools.train_y, pools.public_x))
     return hashlib.sha256(f"{votes_key(cfg, pate)}:{data}".encode()).hexdigest()[:24]
 
 
@@ -250,14 +260,14 @@ def load_or_compute_votes(cfg, pate, pools, device, run_dir: Path) -> np.ndarray
         votes = np.load(cache)
         log.info("pate: teachers' votes read from the cache (not retrained)")
     else:
-        own = private_folder(run_dir / VOTES.parent)
+        own = private_folder(run_dir / VOTES.parent, ours=True)
         chunks = own / f"teachers-{votes_name(cfg, pate, pools, own)}"
         votes = compute_votes(
             cfg, pate, pools, device, cache.with_suffix(".chunks") if cache else chunks
         )
         if cache is not None:
             save_private(cache, votes)
-    save_private(private_folder(path.parent) / path.name, votes)
+    save_private(private_folder(path.parent, ours=True) / path.name, votes)
     return votes
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsub.rundir import owner_only
+from dpsub.rundir import private_file
 
 PARTITIONS = ("hash", "permutation")
 #: the neighbour relation each partition's epsilon is stated for (summary.json "neighbours")
@@ -94,5 +94,6 @@ def save_private(path: Path, array: np.ndarray) -> None:
     """``array`` to ``path`` (.npy) atomically, readable by its owner only (votes are
     computed from the private data without noise); the temporary name is this process's."""
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
-    np.save(tmp, array)
-    owner_only(tmp).replace(path)
+    with private_file(tmp) as f:
+        np.save(f, array)
+    tmp.replace(path)
