@@ -1150,8 +1150,8 @@ MUTANTS = (
     Mutant(
         "reseeded-resume-leaves-the-old-devices-checkpoint",
         "src/dpsub/training/loop.py",
-        "    if run.reseeded:  # the old device's checkpoint would replay these steps with other noise",
-        "    if False:",
+        "    if run.step == 0 or run.reseeded:\n",
+        "    if run.step == 0:\n",
         ("tests/integration/test_run_dir.py", "-k", "reseeds"),
     ),
     Mutant(
