@@ -10,7 +10,9 @@ import torch
 from dist_worker import released
 from helpers.dist import DPSGD, GEP, WORKER, torchrun
 
-RUNS = {"dpsgd": DPSGD, "gep": GEP}
+#: augmult: every rank draws the whole batch's views from the one seeded stream (a rank's
+#: own draws left the streams apart, and a resume from rank 0's checkpoint re-augmented)
+RUNS = {"dpsgd": DPSGD, "gep": GEP, "augmult": (*DPSGD, "model=cifar_cnn", "train.augmult=2")}
 
 
 @pytest.fixture(scope="module")

@@ -362,12 +362,15 @@ def release(run: Run, idx: torch.Tensor | None = None, diagnostics: bool = False
     z = acct.multiplier(run.step)
     if not acct.admit(run.step):
         return StepOutcome(None, z, z, stopped_by_budget=True)
-    idx = run.dist.shard(acct.sampler.sample() if idx is None else idx)
+    batch = acct.sampler.sample() if idx is None else idx
+    idx = run.dist.shard(batch)
     ctx = StepContext(run.step, run.total_steps, acct.batch_size, z, noise, run.rng, diagnostics)
     noise.begin_step()
     x = run.data.train_x[idx]
-    if run.engine.augmult is not None:  # (b, K, ...) views, averaged before clipping
-        x = run.engine.augmult.views(x)
+    if run.engine.augmult is not None:  # (b, K, ...) views, averaged before clipping; every
+        # rank draws the whole batch's (one stream, as one process: a rank's own draws left
+        # its stream where rank 0's checkpoint did not, and a replay re-augmented its rows)
+        x = run.dist.shard(run.engine.augmult.views(run.data.train_x[batch]))
     res = run.mechanism.step(x, run.data.train_y[idx], ctx)
     charged = acct.charge(noise.records, z, who=f"mechanism {run.mechanism.name}, step {run.step}")
     if charged is None:
