@@ -112,6 +112,18 @@ def test_a_secure_checkpoint_holds_no_timing_and_no_stream_that_counts_the_batch
     assert not TIMING & set(state)
 
 
+def test_a_secure_checkpoint_holds_no_shuffle_permutation(tmp_path):
+    """privacy.sampling=shuffle in secure mode: the permutation is drawn from the OS and
+    secret; the checkpoint held it and its position (review 2026-11-29). A resume draws anew."""
+    import torch
+
+    cfg = compose_cfg(*SHORT, "privacy.rng=secure", "privacy.sampling=shuffle")
+    train(cfg, tmp_path / "run")
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["state"]
+    assert state["sampler"] is None
+    train(cfg, tmp_path / "run", resume=True)  # (no step left: it loads and finishes)
+
+
 def test_run_average_timing_spans_the_whole_run_across_resumes(tmp_path):
     run_dir = tmp_path / "run"
     train(compose_cfg(*SHORT), run_dir)

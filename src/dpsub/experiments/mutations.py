@@ -7,7 +7,7 @@ Ctrl-C), and reports whether the tests caught it. A mutant that survives means t
 suite has a gap. Run it from the repository root after changing a privacy-relevant
 part of the code::
 
-    uv run python scripts/mutation_check.py            # every mutant (161; 100 of them took 50 min at nice 19 beside a 2-thread lane, 2 cores)
+    uv run python scripts/mutation_check.py            # every mutant (162; 100 of them took 50 min at nice 19 beside a 2-thread lane, 2 cores)
     uv run python scripts/mutation_check.py --list     # what each mutant breaks
     uv run python scripts/mutation_check.py -k noise   # mutants whose name contains 'noise'
 
@@ -1019,6 +1019,13 @@ MUTANTS = (
         "        x = run.dist.shard(run.engine.augmult.views(run.data.train_x[batch]))",
         "        x = run.engine.augmult.views(x)",
         ("tests/integration/test_distributed.py", "-k", "release_what_one_process"),
+    ),
+    Mutant(
+        "secure-checkpoint-keeps-the-shuffle-permutation",
+        "src/dpsub/training/build.py",
+        '        **({"sampler": None} if run.secure else {}),\n',
+        "",
+        ("tests/integration/test_coverage.py", "-k", "shuffle_permutation"),
     ),
     Mutant(
         "a-release-that-is-not-finite-applied",

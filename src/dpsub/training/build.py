@@ -413,6 +413,9 @@ def run_state(run: Run) -> dict:
         "optimizer": run.optimizer.state_dict(),
         "schedule": run.schedule.state_dict() if run.schedule is not None else None,
         **run.account.state_dict(),  # ledger, nominal, sampler
+        # secure mode: a shuffle's permutation is drawn from the OS and secret (a resume draws
+        # a new one); Poisson's sampler holds nothing
+        **({"sampler": None} if run.secure else {}),
         "mechanism": run.mechanism.state_dict(),
         "recomputable": [f"mechanism.{k}" for k in run.mechanism.recomputable],
         "light_resumes": list(run.light_resumes),
