@@ -458,11 +458,10 @@ def _book(lay: _Layer, io: list, c: Tensor, bad: Tensor | None, exact: bool = Fa
     an example's T terms are added to an accumulator that already holds the other examples'
     sum, each addition off by half a unit of *that* sum: a review added 1.49 C through one
     example so (T = 65,536); a reduced-precision matmul (TF32, bf16) made it 668 C."""
-    if not exact:
-        return _total(lay.rule.summed(lay, _zero(a, bad), _scaled(g, c, bad)) for a, g in io)
-    c64 = c.double()
+    wide = (lambda t: t.double()) if exact else (lambda t: t)
+    c = wide(c)
     total = _total(
-        lay.rule.summed(lay, _zero(a, bad).double(), _scaled(g.double(), c64, bad)) for a, g in io
+        lay.rule.summed(lay, _zero(wide(a), bad), _scaled(wide(g), c, bad)) for a, g in io
     )
     return total.to(io[0][1].dtype)
 
